@@ -1,0 +1,111 @@
+"""The policy interface: admission order, preemption and timers, behind a registry so ``--policy x`` is a lookup.
+
+A policy ranks jobs with float keys (lower runs first). The simulator owns the mechanics: it keeps the
+waiting jobs ordered by ``waiting_key``, starts the best one that fits (with placement), and, for preemptive
+policies, preempts running jobs whose ``running_key`` is worse than a waiting job's key. A new policy is one
+file: subclass :class:`Policy`, set ``name``, decorate with :func:`register`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from gpufleet.errors import ConfigError
+
+if TYPE_CHECKING:
+    from gpufleet.sim.engine import Simulator
+
+
+class Policy:
+    """Base class of scheduling policies. Subclasses override the key methods and, if needed, the hooks."""
+
+    #: registry name, e.g. "fifo"
+    name: ClassVar[str] = ""
+    #: one line for ``--help`` and docs
+    summary: ClassVar[str] = ""
+    #: whether running jobs may be preempted in favour of better waiting jobs
+    preemptive: ClassVar[bool] = False
+    #: strict head-of-line order: when the best waiting job does not fit, nothing behind it starts
+    blocking: ClassVar[bool] = False
+    #: running keys change continuously at different rates, so victims are found by scanning, not a heap
+    scan_running: ClassVar[bool] = False
+    #: options this policy accepts (name -> default), set with ``--opt policy.name=value``
+    options: ClassVar[dict[str, float | str]] = {}
+
+    def __init__(self, **opts: Any) -> None:
+        unknown = sorted(set(opts) - set(self.options))
+        if unknown:
+            known = ", ".join(sorted(self.options)) or "none"
+            raise ConfigError(f"policy '{self.name}' has no option {', '.join(unknown)} (its options: {known})")
+        self.opts: dict[str, Any] = {**self.options, **opts}
+        self.sim: Simulator | None = None
+
+    def bind(self, sim: Simulator) -> None:
+        """Attach to the simulator whose job arrays the keys read."""
+        self.sim = sim
+
+    # -- ranking ---------------------------------------------------------------------------------
+    def waiting_key(self, j: int, now: float) -> float:
+        """Priority of waiting job ``j`` (lower runs first); constant while the job waits."""
+        raise NotImplementedError
+
+    def running_key(self, j: int, now: float) -> float:
+        """Priority of running job ``j`` at ``now`` on the same scale as :meth:`waiting_key`."""
+        return self.waiting_key(j, now)
+
+    def running_order_key(self, j: int, now: float) -> float:
+        """A key fixed while ``j`` runs that orders running jobs like :meth:`running_key` (heap proxy)."""
+        return self.running_key(j, now)
+
+    def should_preempt(self, victim_key: float, waiting_key: float) -> bool:
+        """Whether a running job with ``victim_key`` gives way to a waiting job with ``waiting_key``."""
+        return victim_key > waiting_key
+
+    # -- hooks -----------------------------------------------------------------------------------
+    def on_start(self, j: int, now: float) -> None:
+        """Called after job ``j`` starts (or restarts)."""
+
+    def on_preempt(self, j: int, now: float) -> None:
+        """Called after job ``j`` was preempted and returned to the waiting queue."""
+
+    def on_timer(self, j: int, tag: int, now: float) -> None:
+        """Called when a timer set with ``sim.add_timer(t, j, tag)`` fires and is still current."""
+
+    def next_wakeup(self, now: float) -> float | None:
+        """Absolute time at which the policy wants a scheduling pass even if nothing else happens."""
+        return None
+
+
+_REGISTRY: dict[str, type[Policy]] = {}
+
+
+def register(cls: type[Policy]) -> type[Policy]:
+    """Class decorator: make ``cls`` available as ``--policy cls.name``."""
+    if not cls.name:
+        raise ValueError(f"{cls.__name__} has no name")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def _load_builtin() -> None:
+    # importing the modules runs their @register decorators
+    from gpufleet.sched import fifo, las, sjf, srtf, tiresias  # noqa: F401
+
+
+def available_policies() -> dict[str, type[Policy]]:
+    """Every registered policy, by name."""
+    _load_builtin()
+    return dict(_REGISTRY)
+
+
+def make_policy(name: str, **opts: Any) -> Policy:
+    """Instantiate the policy registered as ``name`` with options ``opts``."""
+    policies = available_policies()
+    if name not in policies:
+        import difflib
+
+        close = difflib.get_close_matches(name, list(policies), n=1)
+        hint = f" Did you mean '{close[0]}'?" if close else ""
+        raise ConfigError(f"unknown policy '{name}'.{hint} Available: {', '.join(sorted(policies))}")
+    return policies[name](**opts)
+

@@ -1,0 +1,25 @@
+"""Shortest remaining time first with oracle durations: a shorter arrival preempts the longest-running-to-go job."""
+
+from __future__ import annotations
+
+from gpufleet.sched.base import Policy, register
+
+
+@register
+class ShortestRemainingTimeFirst(Policy):
+    """Preemptive SJF: the key is the remaining work, which only changes at starts, stops and completions."""
+
+    name = "srtf"
+    summary = "shortest remaining time first (oracle); preempts jobs with more work left"
+    preemptive = True
+
+    def waiting_key(self, j: int, now: float) -> float:
+        return self.sim.remaining[j]  # type: ignore[union-attr]
+
+    def running_key(self, j: int, now: float) -> float:
+        sim = self.sim
+        return sim.remaining[j] - sim.progress_now(j, now)  # type: ignore[union-attr]
+
+    def running_order_key(self, j: int, now: float) -> float:
+        # fixed while running and ordered like the remaining time: the expected completion time
+        return self.sim.expected_finish[j]  # type: ignore[union-attr]

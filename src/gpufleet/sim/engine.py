@@ -1,0 +1,542 @@
+"""The discrete-event simulator: arrivals, completions, preemptions and policy timers over node-level state.
+
+Time jumps from event to event (no fixed round). Events at the same instant are applied together, then the
+policy gets one scheduling pass. Per-job state lives in flat Python lists indexed by job number, which is
+what a CPython hot loop reads fastest; heaps hold the event queue, the waiting jobs (one heap per
+GPU-type and size class, so a pass never scans the whole queue) and the running jobs of each partition.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from array import array
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from gpufleet.sched.base import Policy
+from gpufleet.sim.config import SimConfig
+from gpufleet.sim.metrics import summarize
+from gpufleet.sim.partition import Allocation, Partition
+from gpufleet.sim.result import SimResult
+from gpufleet.sim.workload import Workload
+
+_INF = math.inf
+# event kinds; at equal times completions go first (they free GPUs), then timers, then wakeups
+_COMPLETE, _TIMER, _WAKEUP = 0, 1, 2
+# job states
+PENDING, WAITING, RUNNING, DONE, UNSCHEDULABLE = 0, 1, 2, 3, 4
+
+
+class Simulator:
+    """One run of one policy over one workload on one cluster; call :meth:`run` once."""
+
+    def __init__(self, workload: Workload, partitions: list[Partition], policy: Policy,
+                 config: SimConfig | None = None) -> None:
+        self.workload = workload
+        self.parts = partitions
+        self.policy = policy
+        self.config = config or SimConfig()
+        n = len(workload)
+        self.n = n
+        self.now = 0.0
+        # static job data
+        self.submit: list[float] = workload.submit.tolist()
+        self.duration: list[float] = workload.duration.tolist()
+        self.gpus: list[int] = workload.gpus.tolist()
+        # dynamic job data
+        self.state = [PENDING] * n
+        self.remaining: list[float] = list(self.duration)
+        self.attained = [0.0] * n  # GPU-seconds held before the current run segment
+        self.held_s = [0.0] * n  # seconds held before the current run segment
+        self.seg_start = [0.0] * n
+        self.seg_over = [0.0] * n  # restore time at the start of the segment
+        self.seg_speed = [1.0] * n
+        self.expected_finish = [_INF] * n
+        self.first_start = [math.nan] * n
+        self.finish = [math.nan] * n
+        self.preemptions = [0] * n
+        self.useful = [0.0] * n  # progress made, counting work later lost
+        self.lost = [0.0] * n  # progress rolled back to a checkpoint
+        self.alloc: list[Allocation | None] = [None] * n
+        self.part_of = [-1] * n
+        self.token = [0] * n  # bumps on every start/preempt; stale timers carry an old token
+        self._ver = [0] * n  # completion-event version
+        self._wver = [0] * n  # waiting-entry version
+        self._hver = [0] * n  # running-heap-entry version
+        self._wkey = [0.0] * n
+        # partitions a job may use, by its GPU type
+        self._allowed = self._resolve_allowed()
+        # queues
+        self._events: list[tuple] = []
+        self._seq = 0
+        self._waiting: dict[tuple[int, int], list[tuple]] = {}
+        self._class_of = [(0, 0)] * n
+        self._class_keys: list[tuple[int, int]] = []
+        self._running_heap: list[list[tuple]] = [[] for _ in partitions]
+        self._running: list[dict[int, None]] = [{} for _ in partitions]
+        self.busy = 0
+        self.n_waiting = 0
+        self.n_running = 0
+        self.total_gpus = sum(p.total for p in partitions)
+        self._wakeup_seq = -1
+        self.events_processed = 0
+        # timeline
+        self._tl_t = array("d")
+        self._tl_busy = array("q")
+        self._tl_queued = array("q")
+        self._tl_running = array("q")
+        policy.bind(self)
+
+    # ------------------------------------------------------------------ setup
+    def _resolve_allowed(self) -> list[tuple[int, ...]]:
+        """Per job, the partitions it may run on; jobs that fit nowhere are marked unschedulable."""
+        by_type: dict[str | None, tuple[int, ...]] = {None: tuple(range(len(self.parts)))}
+        for i, p in enumerate(self.parts):
+            by_type.setdefault(p.gpu_type, ())
+            by_type[p.gpu_type] = (*by_type[p.gpu_type], i)
+        self.unschedulable: dict[str, int] = {}
+        allowed: list[tuple[int, ...]] = []
+        for j, t in enumerate(self.workload.gpu_type):
+            key = t.lower() if isinstance(t, str) else None
+            choice = by_type.get(key, ())
+            if not choice:
+                reason = f"no training pool of GPU type '{t}'"
+            elif self.gpus[j] > max(self.parts[i].total for i in choice):
+                reason = "needs more GPUs than its pool has"
+                choice = ()
+            else:
+                reason = ""
+            if reason:
+                self.state[j] = UNSCHEDULABLE
+                self.unschedulable[reason] = self.unschedulable.get(reason, 0) + 1
+            allowed.append(choice)
+        return allowed
+
+    # ------------------------------------------------------------------ API for policies
+    def attained_now(self, j: int, now: float) -> float:
+        """GPU-seconds job ``j`` has held up to ``now`` (its attained service)."""
+        if self.state[j] == RUNNING:
+            return self.attained[j] + (now - self.seg_start[j]) * self.gpus[j]
+        return self.attained[j]
+
+    def progress_now(self, j: int, now: float) -> float:
+        """Work done by running job ``j`` in its current segment."""
+        p = (now - self.seg_start[j] - self.seg_over[j]) * self.seg_speed[j]
+        if p <= 0.0:
+            return 0.0
+        return min(p, self.remaining[j])
+
+    def add_timer(self, when: float, j: int, tag: int) -> None:
+        """Call ``policy.on_timer(j, tag, when)`` at ``when`` unless ``j`` starts or stops first."""
+        self._seq += 1
+        heapq.heappush(self._events, (when, _TIMER, self._seq, j, (self.token[j], tag)))
+
+    def rekey_waiting(self, j: int) -> None:
+        """Re-rank waiting job ``j`` after its policy state changed (e.g. a Tiresias promotion)."""
+        if self.state[j] == WAITING:
+            self._wver[j] += 1
+            self._push_waiting(j)
+
+    def rekey_running(self, j: int) -> None:
+        """Re-rank running job ``j`` among its partition's running jobs (e.g. a Tiresias demotion)."""
+        if self.state[j] == RUNNING:
+            self._push_running(j)
+
+    def best_waiting_key(self) -> float | None:
+        """The key of the best waiting job over all classes, or None when nothing waits."""
+        best = None
+        for ck in self._class_keys:
+            h = self._waiting[ck]
+            while h and h[0][3] != self._wver[h[0][2]]:
+                heapq.heappop(h)
+            if h and (best is None or h[0][0] < best):
+                best = h[0][0]
+        return best
+
+    def running_jobs(self) -> list[int]:
+        """Every running job (all partitions)."""
+        out: list[int] = []
+        for r in self._running:
+            out.extend(r)
+        return out
+
+    # ------------------------------------------------------------------ queues
+    def _push_waiting(self, j: int) -> None:
+        key = self.policy.waiting_key(j, self.now)
+        self._wkey[j] = key
+        ck = self._class_of[j]
+        h = self._waiting.get(ck)
+        if h is None:
+            h = self._waiting[ck] = []
+            self._class_keys.append(ck)
+            self._class_keys.sort()
+        self._seq += 1
+        heapq.heappush(h, (key, self._seq, j, self._wver[j]))
+
+    def _push_running(self, j: int) -> None:
+        self._hver[j] += 1
+        self._seq += 1
+        heapq.heappush(
+            self._running_heap[self.part_of[j]],
+            (-self.policy.running_order_key(j, self.now), self._seq, j, self._hver[j]),
+        )
+
+    # ------------------------------------------------------------------ transitions
+    def _arrive(self, j: int) -> None:
+        self.state[j] = WAITING
+        t = self.workload.gpu_type[j]
+        self._class_of[j] = (0 if t is None else 1 + self._allowed[j][0], self.gpus[j])
+        self.n_waiting += 1
+        self._push_waiting(j)
+
+    def _start(self, j: int, p: int, alloc: Allocation, now: float) -> None:
+        part = self.parts[p]
+        g = self.gpus[j]
+        self._wver[j] += 1
+        self.n_waiting -= 1
+        self.state[j] = RUNNING
+        self.alloc[j] = alloc
+        self.part_of[j] = p
+        speed = 1.0 if len(alloc) <= part.ideal_nodes(g) else 1.0 - self.config.placement_penalty
+        over = self.config.restart_s if self.preemptions[j] else 0.0
+        self.seg_start[j] = now
+        self.seg_over[j] = over
+        self.seg_speed[j] = speed
+        if self.first_start[j] != self.first_start[j]:  # NaN: first start
+            self.first_start[j] = now
+        fin = now + over + self.remaining[j] / speed
+        self.expected_finish[j] = fin
+        self._ver[j] += 1
+        self._seq += 1
+        heapq.heappush(self._events, (fin, _COMPLETE, self._seq, j, self._ver[j]))
+        self._running[p][j] = None
+        if self.policy.preemptive and not self.policy.scan_running:
+            self._push_running(j)
+        self.busy += g
+        self.n_running += 1
+        self.token[j] += 1
+        self.policy.on_start(j, now)
+
+    def _stop_segment(self, j: int, now: float) -> float:
+        """Close the running segment of ``j`` at ``now``; returns the progress it made."""
+        prog = self.progress_now(j, now)
+        held = now - self.seg_start[j]
+        self.held_s[j] += held
+        self.attained[j] += held * self.gpus[j]
+        self.useful[j] += prog
+        p = self.part_of[j]
+        self.parts[p].release(self.alloc[j])  # type: ignore[arg-type]
+        self.alloc[j] = None
+        del self._running[p][j]
+        self._hver[j] += 1
+        self._ver[j] += 1
+        self.busy -= self.gpus[j]
+        self.n_running -= 1
+        self.token[j] += 1
+        return prog
+
+    def _preempt(self, j: int, now: float) -> None:
+        prog = self._stop_segment(j, now)
+        dur = self.duration[j]
+        before = dur - self.remaining[j]  # resumed from here: a checkpoint (or the start)
+        done = before + prog
+        ci = self.config.checkpoint_interval_s
+        kept = max(before, math.floor(done / ci) * ci) if ci > 0 else done
+        self.lost[j] += done - kept
+        self.remaining[j] = dur - kept
+        self.preemptions[j] += 1
+        self.state[j] = WAITING
+        self.n_waiting += 1
+        self._push_waiting(j)
+        self.policy.on_preempt(j, now)
+
+    def _finish(self, j: int, now: float) -> None:
+        prog = self._stop_segment(j, now)
+        self.useful[j] += self.remaining[j] - prog  # the last segment did exactly the remaining work
+        self.remaining[j] = 0.0
+        self.state[j] = DONE
+        self.finish[j] = now
+
+    # ------------------------------------------------------------------ scheduling pass
+    def _try_place(self, j: int) -> bool:
+        g = self.gpus[j]
+        cfg = self.config
+        for p in self._allowed[j]:
+            alloc = self.parts[p].allocate(g, cfg.placement, cfg.strict_placement)
+            if alloc is not None:
+                self._start(j, p, alloc, self.now)
+                return True
+        return False
+
+    def _victims_heap(self, p: int, wkey: float, now: float):
+        """Running jobs of partition ``p`` worse than ``wkey``, worst first, popped lazily from the heap."""
+        h = self._running_heap[p]
+        pol = self.policy
+        hver = self._hver
+        while h:
+            entry = h[0]
+            j = entry[2]
+            if entry[3] != hver[j]:
+                heapq.heappop(h)
+                continue
+            if not pol.should_preempt(pol.running_key(j, now), wkey):
+                return
+            heapq.heappop(h)
+            yield j, entry
+
+    def _victims_scan(self, p: int, wkey: float, now: float):
+        pol = self.policy
+        keyed = [(pol.running_key(j, now), j) for j in self._running[p]]
+        keyed.sort(reverse=True)
+        for k, j in keyed:
+            if not pol.should_preempt(k, wkey):
+                return
+            yield j, None
+
+    def _preempt_for(self, j: int) -> bool:
+        """Preempt worse running jobs so that ``j`` fits; False (and nothing changed) when it cannot."""
+        g = self.gpus[j]
+        wkey = self._wkey[j]
+        now = self.now
+        cfg = self.config
+        scan = self.policy.scan_running
+        for p in self._allowed[j]:
+            part = self.parts[p]
+            if g > part.total:
+                continue
+            chosen: list[tuple[int, Any]] = []
+            freed = 0
+            gen = self._victims_scan(p, wkey, now) if scan else self._victims_heap(p, wkey, now)
+            for v, entry in gen:
+                chosen.append((v, entry))
+                freed += self.gpus[v]
+                if part.total_free + freed >= g:
+                    break
+            if part.total_free + freed < g:
+                if not scan:
+                    for _, entry in chosen:
+                        heapq.heappush(self._running_heap[p], entry)
+                continue
+            for v, _ in chosen:
+                self._preempt(v, now)
+            alloc = part.allocate(g, cfg.placement, cfg.strict_placement)
+            while alloc is None:  # strict placement: free more until a compact placement exists
+                extra = next(gen, None)
+                if extra is None:
+                    break
+                self._preempt(extra[0], now)
+                alloc = part.allocate(g, cfg.placement, cfg.strict_placement)
+            if alloc is not None:
+                self._start(j, p, alloc, now)
+                return True
+        return False
+
+    def _schedule(self) -> None:
+        if not self.n_waiting:
+            return
+        pol = self.policy
+        waiting = self._waiting
+        wver = self._wver
+        blocked: set[tuple[int, int]] = set()
+        free_now = sum(p.total_free for p in self.parts)
+        while True:
+            best_entry = None
+            best_ck = None
+            for ck in self._class_keys:
+                if ck in blocked:
+                    continue
+                h = waiting[ck]
+                while h and h[0][3] != wver[h[0][2]]:
+                    heapq.heappop(h)
+                if not h:
+                    continue
+                if best_entry is None or h[0] < best_entry:
+                    best_entry = h[0]
+                    best_ck = ck
+            if best_entry is None:
+                return
+            j = best_entry[2]
+            g = self.gpus[j]
+            if (g <= free_now and self._try_place(j)) or (pol.preemptive and self._preempt_for(j)):
+                free_now = sum(p.total_free for p in self.parts)
+                continue
+            if pol.blocking:
+                return
+            blocked.add(best_ck)  # type: ignore[arg-type]
+
+    # ------------------------------------------------------------------ main loop
+    def run(self) -> SimResult:
+        """Simulate until every schedulable job has finished; Ctrl-C stops early with partial results."""
+        wall0 = time.perf_counter()
+        interrupted = False
+        progress = _ProgressBar(self) if self.config.progress else None
+        try:
+            self._loop(progress)
+        except KeyboardInterrupt:
+            interrupted = True
+        finally:
+            if progress is not None:
+                progress.close()
+        wall = time.perf_counter() - wall0
+        return self._result(wall, interrupted)
+
+    def _loop(self, progress: _ProgressBar | None) -> None:
+        events = self._events
+        submit = self.submit
+        state = self.state
+        pol = self.policy
+        debug = self.config.debug
+        heappop = heapq.heappop
+        n = self.n
+        a = 0
+        ver = self._ver
+        token = self.token
+        count = 0
+        while True:
+            while a < n and state[a] == UNSCHEDULABLE:
+                a += 1
+            ta = submit[a] if a < n else _INF
+            te = events[0][0] if events else _INF
+            t = ta if ta < te else te
+            if t == _INF:
+                break
+            self.now = t
+            while events and events[0][0] <= t:
+                _, kind, seq, j, x = heappop(events)
+                count += 1
+                if kind == _COMPLETE:
+                    if x == ver[j]:
+                        self._finish(j, t)
+                elif kind == _TIMER:
+                    if x[0] == token[j]:
+                        pol.on_timer(j, x[1], t)
+            while a < n and submit[a] <= t:
+                if state[a] == PENDING:
+                    self._arrive(a)
+                    count += 1
+                a += 1
+            self._schedule()
+            wake = pol.next_wakeup(t)
+            if wake is not None and wake > t:
+                self._seq += 1
+                self._wakeup_seq = self._seq
+                heapq.heappush(events, (wake, _WAKEUP, self._seq, -1, None))
+            self._record(t)
+            if debug:
+                self.check_invariants()
+            if progress is not None and count >= progress.next_update:
+                progress.update(t, count)
+        self.events_processed = count
+
+    def _record(self, t: float) -> None:
+        tl_t = self._tl_t
+        if tl_t and tl_t[-1] == t:
+            self._tl_busy[-1] = self.busy
+            self._tl_queued[-1] = self.n_waiting
+            self._tl_running[-1] = self.n_running
+            return
+        tl_t.append(t)
+        self._tl_busy.append(self.busy)
+        self._tl_queued.append(self.n_waiting)
+        self._tl_running.append(self.n_running)
+
+    # ------------------------------------------------------------------ invariants (debug mode)
+    def check_invariants(self) -> None:
+        """Raise AssertionError if the cluster state is impossible (called on every event in debug mode)."""
+        now = self.now
+        held = 0
+        running = 0
+        for p, part in enumerate(self.parts):
+            part.check()
+            for j in self._running[p]:
+                assert self.state[j] == RUNNING
+                assert self.submit[j] <= now, f"job {j} runs before it arrives"
+                held += self.gpus[j]
+                running += 1
+                assert sum(c for _, c in self.alloc[j]) == self.gpus[j]  # type: ignore[union-attr]
+            assert part.total - part.total_free == sum(self.gpus[j] for j in self._running[p])
+        assert held == self.busy <= self.total_gpus, "more GPUs allocated than exist"
+        assert running == self.n_running
+        for j in range(self.n):
+            s = self.state[j]
+            if s == DONE:
+                # work conservation: progress made minus progress lost is exactly the job's work
+                assert abs(self.useful[j] - self.lost[j] - self.duration[j]) <= 1e-6 * max(1.0, self.duration[j])
+                assert self.finish[j] >= self.submit[j] + self.duration[j] - 1e-6
+            elif s == WAITING:
+                assert self.submit[j] <= now
+            assert self.remaining[j] >= -1e-9
+
+    # ------------------------------------------------------------------ results
+    def _result(self, wall: float, interrupted: bool) -> SimResult:
+        w = self.workload
+        finish = np.array(self.finish)
+        submit = w.submit
+        jct = finish - submit
+        held = np.array(self.held_s)
+        running = [j for j in range(self.n) if self.state[j] == RUNNING]
+        for j in running:  # unfinished runs count the time held so far
+            held[j] += self.now - self.seg_start[j]
+        jobs = pl.DataFrame(
+            {
+                "job_id": w.job_id,
+                "vc": w.vc,
+                "num_gpus": w.gpus,
+                "submit_s": submit,
+                "duration_s": w.duration,
+                "start_s": np.array(self.first_start),
+                "finish_s": finish,
+                "jct_s": jct,
+                "queue_s": jct - held,
+                "preemptions": np.array(self.preemptions, dtype=np.int64),
+            },
+            schema_overrides={"vc": pl.Utf8, "job_id": pl.Utf8},
+        )
+        timeline = pl.DataFrame(
+            {
+                "time_s": np.frombuffer(self._tl_t, dtype=np.float64),
+                "busy_gpus": np.frombuffer(self._tl_busy, dtype=np.int64),
+                "queued_jobs": np.frombuffer(self._tl_queued, dtype=np.int64),
+                "running_jobs": np.frombuffer(self._tl_running, dtype=np.int64),
+            }
+        )
+        meta: dict[str, Any] = {
+            "events": self.events_processed,
+            "interrupted": interrupted,
+            "unschedulable": dict(self.unschedulable),
+            "lost_work_gpu_s": float(sum(lo * g for lo, g in zip(self.lost, self.gpus))),
+            "config": self.config,
+        }
+        summary = summarize(self.policy.name, jobs, timeline, self.total_gpus, wall, meta)
+        return SimResult(self.policy.name, summary, jobs, timeline, self.total_gpus, meta)
+
+
+class _ProgressBar:
+    """A Rich progress bar over simulated time, refreshed every few thousand events."""
+
+    def __init__(self, sim: Simulator) -> None:
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.end = float(sim.submit[-1]) if sim.n else 1.0
+        self.progress = Progress(
+            TextColumn(f"[bold]{sim.policy.name}[/]"),
+            BarColumn(),
+            TextColumn("{task.fields[sim_day]:.1f} simulated days"),
+            TextColumn("{task.fields[events]:,} events"),
+            TimeElapsedColumn(),
+            transient=True,
+        )
+        self.task = self.progress.add_task("sim", total=max(self.end, 1.0), sim_day=0.0, events=0)
+        self.progress.start()
+        self.next_update = 20000
+
+    def update(self, t: float, events: int) -> None:
+        self.progress.update(self.task, completed=min(t, self.end), sim_day=t / 86400, events=events)
+        self.next_update = events + 20000
+
+    def close(self) -> None:
+        self.progress.stop()
