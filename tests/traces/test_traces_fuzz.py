@@ -110,7 +110,7 @@ def plausible_csv(draw: st.DrawFn) -> str:
     return ",".join(header) + "\n" + "\n".join(",".join(r) for r in rows) + "\n"
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(text=st.one_of(garbage_csv(), plausible_csv()), suffix=st.sampled_from([".csv", ".csv.gz"]))
 def test_loader_never_crashes_on_garbage(text: str, suffix: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:

@@ -129,12 +129,7 @@ def parse_table(
     ``drop_blank`` drops rows whose every field is null: blank CSV lines, which are not records.
     Unmapped job_id becomes ``<job_id_prefix>-<row>``; unmapped kind becomes "train".
     """
-    n = table.height
-    table = (
-        table.with_columns(pl.int_range(n, dtype=pl.Int64).alias(ROW))
-        if n
-        else table.with_columns(pl.Series(ROW, [], dtype=pl.Int64))
-    )
+    table = table.with_row_index(ROW).with_columns(pl.col(ROW).cast(pl.Int64))
     if drop_blank and table.width > 1:
         data_cols = [c for c in table.columns if c != ROW]
         table = table.filter(~pl.all_horizontal(pl.col(data_cols).is_null()))

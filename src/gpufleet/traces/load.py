@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from importlib import resources
 from pathlib import Path
 
@@ -159,8 +159,3 @@ def load_trace(
         vc=vc,
         rows_other_vcs=other,
     )
-
-
-def origin_plus(origin: datetime, seconds: float) -> datetime:
-    """Absolute time of ``submit_s == seconds`` in a trace with ``origin``."""
-    return origin + timedelta(seconds=seconds)
