@@ -39,18 +39,18 @@ def test_default_cluster_has_documented_numbers() -> None:
     c = load_cluster()
     assert c == load_cluster(default_cluster_path())
     train, infer = c.pool("train"), c.pool("infer")
-    assert (train.kind, train.gpu, train.gpus_per_node, train.nodes) == ("training", "v100", 8, 48)
-    assert (train.nic, train.nodes_per_rack, train.racks) == ("ib-edr", 16, 3)
+    assert (train.kind, train.gpu, train.gpus_per_node, train.nodes) == ("training", "v100", 8, 96)
+    assert (train.nic, train.nodes_per_rack, train.racks) == ("ib-edr", 16, 6)
     assert (infer.kind, infer.gpu, infer.gpus_per_node, infer.nodes, infer.nic) == (
         "inference",
         "t4",
         8,
-        64,
+        96,
         "roce-100g",
     )
     assert c.network.oversubscription == 2.0
-    assert c.total_gpus() == 384
-    assert c.total_gpus("inference") == 512
+    assert c.total_gpus() == 768
+    assert c.total_gpus("inference") == 768
 
 
 @pytest.mark.parametrize("path", sorted(CLUSTER_DIR.glob("*.toml")), ids=lambda p: p.name)

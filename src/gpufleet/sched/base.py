@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import numpy as np
+
 from gpufleet.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -29,6 +31,8 @@ class Policy:
     blocking: ClassVar[bool] = False
     #: running keys change continuously at different rates, so victims are found by scanning, not a heap
     scan_running: ClassVar[bool] = False
+    #: a running job's key changes only through ``sim.rekey_running`` (so the heap entry holds it exactly)
+    static_running_key: ClassVar[bool] = False
     #: options this policy accepts (name -> default), set with ``--opt policy.name=value``
     options: ClassVar[dict[str, float | str]] = {}
 
@@ -52,6 +56,10 @@ class Policy:
     def running_key(self, j: int, now: float) -> float:
         """Priority of running job ``j`` at ``now`` on the same scale as :meth:`waiting_key`."""
         return self.waiting_key(j, now)
+
+    def running_keys(self, jobs: np.ndarray, now: float) -> np.ndarray:
+        """:meth:`running_key` of many running jobs at once (scan policies override it with array maths)."""
+        return np.array([self.running_key(int(j), now) for j in jobs], dtype=np.float64)
 
     def running_order_key(self, j: int, now: float) -> float:
         """A key fixed while ``j`` runs that orders running jobs like :meth:`running_key` (heap proxy)."""

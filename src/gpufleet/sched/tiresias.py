@@ -3,8 +3,8 @@
 Jobs sit in K priority queues by attained service in GPU-seconds (GPUs x time, the "2D" of 2D-LAS): a job
 starts in queue 0 and is demoted when its attained service crosses the queue's threshold. Within a queue
 jobs run in arrival order; a higher queue preempts a lower one. The starvation guard (the paper's
-PromoteKnob) moves a job back to queue 0 once it has waited longer than ``promote_knob`` times its last
-run, and restarts its service count there. Demotions and promotions are timers, so the policy costs
+PromoteKnob) moves a job back to queue 0 once it has waited longer than ``promote_knob`` times the time it
+has run, and restarts its service count there. Demotions and promotions are timers, so the policy costs
 nothing between events.
 """
 
@@ -36,6 +36,7 @@ class Tiresias(Policy):
     name = "tiresias"
     summary = "Tiresias 2D-LAS: GPU-time priority queues, FIFO within a queue, starvation guard"
     preemptive = True
+    static_running_key = True
     # queue thresholds in GPU-seconds (K-1 values for K queues) and the starvation knob
     options = {"thresholds": "3600,36000", "promote_knob": 8.0}
 
@@ -51,7 +52,6 @@ class Tiresias(Policy):
         n = sim.n  # type: ignore[attr-defined]
         self.queue = [0] * n
         self.base = [0.0] * n  # attained service when the job last entered queue 0
-        self.last_run = [0.0] * n
         self.promotions = 0
 
     def waiting_key(self, j: int, now: float) -> float:
@@ -70,10 +70,11 @@ class Tiresias(Policy):
         self._arm_demotion(j, now)
 
     def on_preempt(self, j: int, now: float) -> None:
+        # starvation guard: waiting longer than knob x the time the job has run promotes it to queue 0.
+        # A job below queue 0 has run at least thresholds[0] / gpus seconds, so the wait is never zero.
         sim = self.sim
-        self.last_run[j] = now - sim.seg_start[j]  # type: ignore[union-attr]
         if self.queue[j] > 0 and self.knob > 0:
-            sim.add_timer(now + self.knob * self.last_run[j], j, _PROMOTE)  # type: ignore[union-attr]
+            sim.add_timer(now + self.knob * sim.held_s[j], j, _PROMOTE)  # type: ignore[union-attr]
 
     def on_timer(self, j: int, tag: int, now: float) -> None:
         sim = self.sim

@@ -8,6 +8,7 @@ GPU-type and size class, so a pass never scans the whole queue) and the running 
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 import time
@@ -68,6 +69,10 @@ class Simulator:
         self._wver = [0] * n  # waiting-entry version
         self._hver = [0] * n  # running-heap-entry version
         self._wkey = [0.0] * n
+        # GPUs started, stopped or re-ranked so far: bounds how much room preemption can have gained since a
+        # failed attempt, so an attempt that cannot succeed yet is skipped without walking the running heap
+        self._churn = 0
+        self._pfail: dict[int, tuple[int, int, int]] = {}
         # partitions a job may use, by its GPU type
         self._allowed = self._resolve_allowed()
         # queues
@@ -83,6 +88,7 @@ class Simulator:
         self.n_running = 0
         self.total_gpus = sum(p.total for p in partitions)
         self._wakeup_seq = -1
+        self._wakeup_at = _INF
         self.events_processed = 0
         # timeline
         self._tl_t = array("d")
@@ -144,6 +150,7 @@ class Simulator:
     def rekey_running(self, j: int) -> None:
         """Re-rank running job ``j`` among its partition's running jobs (e.g. a Tiresias demotion)."""
         if self.state[j] == RUNNING:
+            self._churn += self.gpus[j]
             self._push_running(j)
 
     def best_waiting_key(self) -> float | None:
@@ -217,6 +224,7 @@ class Simulator:
         if self.policy.preemptive and not self.policy.scan_running:
             self._push_running(j)
         self.busy += g
+        self._churn += g
         self.n_running += 1
         self.token[j] += 1
         self.policy.on_start(j, now)
@@ -235,6 +243,7 @@ class Simulator:
         self._hver[j] += 1
         self._ver[j] += 1
         self.busy -= self.gpus[j]
+        self._churn += self.gpus[j]
         self.n_running -= 1
         self.token[j] += 1
         return prog
@@ -277,25 +286,31 @@ class Simulator:
         h = self._running_heap[p]
         pol = self.policy
         hver = self._hver
+        static = pol.static_running_key
         while h:
             entry = h[0]
             j = entry[2]
             if entry[3] != hver[j]:
                 heapq.heappop(h)
                 continue
-            if not pol.should_preempt(pol.running_key(j, now), wkey):
+            key = -entry[0] if static else pol.running_key(j, now)
+            if not pol.should_preempt(key, wkey):
                 return
             heapq.heappop(h)
             yield j, entry
 
     def _victims_scan(self, p: int, wkey: float, now: float):
+        """Running jobs of partition ``p`` worse than ``wkey``, worst first, ranked by a vectorised scan."""
         pol = self.policy
-        keyed = [(pol.running_key(j, now), j) for j in self._running[p]]
-        keyed.sort(reverse=True)
-        for k, j in keyed:
-            if not pol.should_preempt(k, wkey):
+        running = list(self._running[p])
+        if not running:
+            return
+        keys = pol.running_keys(np.fromiter(running, dtype=np.int64, count=len(running)), now)
+        order = np.argsort(-keys, kind="stable")
+        for i in order.tolist():
+            if not pol.should_preempt(float(keys[i]), wkey):
                 return
-            yield j, None
+            yield running[i], None
 
     def _preempt_for(self, j: int) -> bool:
         """Preempt worse running jobs so that ``j`` fits; False (and nothing changed) when it cannot."""
@@ -304,6 +319,10 @@ class Simulator:
         now = self.now
         cfg = self.config
         scan = self.policy.scan_running
+        memo = self._pfail.get(j)
+        if memo is not None and memo[0] == self._wver[j] and self._churn - memo[1] < memo[2]:
+            return False
+        deficit = g
         for p in self._allowed[j]:
             part = self.parts[p]
             if g > part.total:
@@ -317,6 +336,7 @@ class Simulator:
                 if part.total_free + freed >= g:
                     break
             if part.total_free + freed < g:
+                deficit = min(deficit, g - part.total_free - freed)
                 if not scan:
                     for _, entry in chosen:
                         heapq.heappush(self._running_heap[p], entry)
@@ -333,40 +353,59 @@ class Simulator:
             if alloc is not None:
                 self._start(j, p, alloc, now)
                 return True
+        if not scan:  # scanned keys drift with time, so only heap-ranked policies may skip retries
+            self._pfail[j] = (self._wver[j], self._churn, max(deficit, 1))
         return False
 
+    def _head(self, ck: tuple[int, int]) -> tuple | None:
+        """The best current entry of waiting class ``ck``, dropping stale entries on the way."""
+        h = self._waiting[ck]
+        wver = self._wver
+        while h and h[0][3] != wver[h[0][2]]:
+            heapq.heappop(h)
+        return h[0] if h else None
+
+    def _heads(self) -> list[tuple]:
+        heads = []
+        for ck in self._class_keys:
+            e = self._head(ck)
+            if e is not None:
+                heads.append((e, ck))
+        heads.sort()
+        return heads
+
     def _schedule(self) -> None:
+        """One scheduling pass: start waiting jobs best first; a class whose best job cannot start is
+        skipped for the rest of the pass (its other jobs are worse and the same size)."""
         if not self.n_waiting:
             return
         pol = self.policy
-        waiting = self._waiting
-        wver = self._wver
+        preemptive = pol.preemptive
+        gpus = self.gpus
+        heads = self._heads()
         blocked: set[tuple[int, int]] = set()
         free_now = sum(p.total_free for p in self.parts)
-        while True:
-            best_entry = None
-            best_ck = None
-            for ck in self._class_keys:
-                if ck in blocked:
-                    continue
-                h = waiting[ck]
-                while h and h[0][3] != wver[h[0][2]]:
-                    heapq.heappop(h)
-                if not h:
-                    continue
-                if best_entry is None or h[0] < best_entry:
-                    best_entry = h[0]
-                    best_ck = ck
-            if best_entry is None:
-                return
-            j = best_entry[2]
-            g = self.gpus[j]
-            if (g <= free_now and self._try_place(j)) or (pol.preemptive and self._preempt_for(j)):
+        fail_g = 1 << 62  # preempting for a job this large already failed in this pass
+        while heads:
+            entry, ck = heads.pop(0)
+            j = entry[2]
+            g = gpus[j]
+            if g <= free_now and self._try_place(j):
                 free_now = sum(p.total_free for p in self.parts)
+                e = self._head(ck)
+                if e is not None:
+                    bisect.insort(heads, (e, ck))
                 continue
+            if preemptive and g < fail_g:
+                if self._preempt_for(j):
+                    # victims went back to the queue: rebuild the heads, keeping blocked classes out
+                    free_now = sum(p.total_free for p in self.parts)
+                    heads = [h for h in self._heads() if h[1] not in blocked]
+                    continue
+                fail_g = g
             if pol.blocking:
                 return
-            blocked.add(best_ck)  # type: ignore[arg-type]
+            blocked.add(ck)
 
     # ------------------------------------------------------------------ main loop
     def run(self) -> SimResult:
@@ -405,25 +444,34 @@ class Simulator:
             if t == _INF:
                 break
             self.now = t
+            changed = False  # stale events (a preempted job's old completion, old timers) change nothing
             while events and events[0][0] <= t:
                 _, kind, seq, j, x = heappop(events)
-                count += 1
                 if kind == _COMPLETE:
                     if x == ver[j]:
                         self._finish(j, t)
+                        changed = True
                 elif kind == _TIMER:
                     if x[0] == token[j]:
                         pol.on_timer(j, x[1], t)
+                        changed = True
+                elif seq == self._wakeup_seq:
+                    self._wakeup_at = _INF
+                    changed = True
             while a < n and submit[a] <= t:
                 if state[a] == PENDING:
                     self._arrive(a)
-                    count += 1
+                    changed = True
                 a += 1
+            if not changed:
+                continue
+            count += 1
             self._schedule()
             wake = pol.next_wakeup(t)
-            if wake is not None and wake > t:
+            if wake is not None and t < wake != self._wakeup_at:
                 self._seq += 1
                 self._wakeup_seq = self._seq
+                self._wakeup_at = wake
                 heapq.heappush(events, (wake, _WAKEUP, self._seq, -1, None))
             self._record(t)
             if debug:

@@ -1,0 +1,145 @@
+"""Run one or several policies over a trace and a cluster: in this process, over a process pool, or on Ray."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import polars as pl
+
+from gpufleet.errors import ConfigError
+from gpufleet.sched.base import available_policies, make_policy
+from gpufleet.sim.config import SimConfig
+from gpufleet.sim.engine import Simulator
+from gpufleet.sim.result import SimResult
+from gpufleet.sim.workload import Workload, partitions_for
+
+#: The policies ``gpufleet simulate`` compares when none are named.
+BASELINE_POLICIES = ("fifo", "sjf", "srtf", "las", "tiresias")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything one worker needs to run one policy: picklable, so it travels to processes and Ray."""
+
+    policy: str
+    jobs: pl.DataFrame
+    cluster: Any  # gpufleet.spec.ClusterSpec
+    config: SimConfig = field(default_factory=SimConfig)
+    policy_opts: Mapping[str, Any] = field(default_factory=dict)
+
+
+def run_one(spec: RunSpec) -> SimResult:
+    """Simulate one policy; the building block of every sweep."""
+    policy = make_policy(spec.policy, **dict(spec.policy_opts))
+    sim = Simulator(Workload.from_frame(spec.jobs), partitions_for(spec.cluster), policy, spec.config)
+    return sim.run()
+
+
+def parse_policy_opts(items: Sequence[str], policies: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Turn ``["tiresias.thresholds=3600,36000", "las.quantum_gpu_s=600"]`` into per-policy option dicts."""
+    known = available_policies()
+    out: dict[str, dict[str, Any]] = {p: {} for p in policies}
+    for item in items:
+        name, sep, value = item.partition("=")
+        pol, dot, key = name.partition(".")
+        if not sep or not dot or not key:
+            raise ConfigError(f"--opt '{item}' must look like POLICY.OPTION=VALUE, e.g. las.quantum_gpu_s=600")
+        if pol not in known:
+            raise ConfigError(f"--opt '{item}': unknown policy '{pol}' (available: {', '.join(sorted(known))})")
+        default = known[pol].options.get(key)
+        if isinstance(default, float):
+            try:
+                parsed: Any = float(value)
+            except ValueError as exc:
+                raise ConfigError(f"--opt '{item}': {key} needs a number, got '{value}'") from exc
+        else:
+            parsed = value
+        out.setdefault(pol, {})[key] = parsed
+    for pol, opts in out.items():
+        if pol in policies:
+            make_policy(pol, **opts)  # validates option names and values before any worker starts
+    return out
+
+
+def run_policies(
+    jobs: pl.DataFrame,
+    cluster: Any,
+    policies: Sequence[str],
+    config: SimConfig | None = None,
+    policy_opts: Mapping[str, Mapping[str, Any]] | None = None,
+    *,
+    workers: int | None = None,
+    ray_address: str | None = None,
+    on_done: Callable[[SimResult], None] | None = None,
+) -> list[SimResult]:
+    """Simulate each policy over the same jobs and cluster; results come back in the order of ``policies``.
+
+    ``workers`` > 1 fans the runs out over a process pool; ``ray_address`` ("local" or a cluster address)
+    runs them as Ray tasks instead. Each run is deterministic, so the results do not depend on where it ran.
+    """
+    config = config or SimConfig()
+    policy_opts = policy_opts or {}
+    for name in policies:
+        make_policy(name, **dict(policy_opts.get(name, {})))  # fail fast on a bad name or option
+    specs = [RunSpec(p, jobs, cluster, config, dict(policy_opts.get(p, {}))) for p in policies]
+    if ray_address is not None:
+        results = _run_ray(specs, ray_address)
+    elif workers is None or workers <= 1 or len(specs) == 1:
+        results = []
+        for spec in specs:
+            results.append(run_one(spec))
+            if on_done:
+                on_done(results[-1])
+        return results
+    else:
+        results = _run_pool(specs, workers, on_done)
+        return results
+    if on_done:
+        for r in results:
+            on_done(r)
+    return results
+
+
+def _run_pool(specs: list[RunSpec], workers: int, on_done: Callable[[SimResult], None] | None) -> list[SimResult]:
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from dataclasses import replace
+    from multiprocessing import get_context
+
+    # progress bars from several processes would garble the terminal: the caller reports completions
+    specs = [replace(s, config=replace(s.config, progress=False)) for s in specs]
+    out: list[SimResult | None] = [None] * len(specs)
+    workers = min(workers, len(specs), os.cpu_count() or 1)
+    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
+        futures = {pool.submit(run_one, s): i for i, s in enumerate(specs)}
+        for fut in as_completed(futures):
+            out[futures[fut]] = fut.result()
+            if on_done:
+                on_done(out[futures[fut]])  # type: ignore[arg-type]
+    return [r for r in out if r is not None]
+
+
+def _run_ray(specs: list[RunSpec], address: str) -> list[SimResult]:
+    try:
+        import ray
+    except ImportError as exc:
+        raise ConfigError("--ray needs Ray: pip install 'gpufleet[ray]'") from exc
+    from dataclasses import replace
+
+    started = False
+    if not ray.is_initialized():
+        kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
+        if address == "local":
+            ray.init(**kwargs)
+        else:
+            ray.init(address=address, **kwargs)
+        started = True
+    try:
+        remote = ray.remote(run_one)
+        specs = [replace(s, config=replace(s.config, progress=False)) for s in specs]
+        return list(ray.get([remote.remote(s) for s in specs]))
+    finally:
+        if started:
+            ray.shutdown()
