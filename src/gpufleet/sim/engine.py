@@ -567,6 +567,7 @@ class _ProgressBar:
     """A Rich progress bar over simulated time, refreshed every few thousand events."""
 
     def __init__(self, sim: Simulator) -> None:
+        from rich.console import Console
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
         self.end = float(sim.submit[-1]) if sim.n else 1.0
@@ -576,6 +577,7 @@ class _ProgressBar:
             TextColumn("{task.fields[sim_day]:.1f} simulated days"),
             TextColumn("{task.fields[events]:,} events"),
             TimeElapsedColumn(),
+            console=Console(stderr=True),
             transient=True,
         )
         self.task = self.progress.add_task("sim", total=max(self.end, 1.0), sim_day=0.0, events=0)
