@@ -27,7 +27,7 @@ from gpufleet.sim.workload import Workload
 
 _INF = math.inf
 # event kinds; at equal times completions go first (they free GPUs), then timers, then wakeups
-_COMPLETE, _TIMER, _WAKEUP = 0, 1, 2
+_COMPLETE, _TIMER, _WAKEUP, _UNPROTECT = 0, 1, 2, 3
 # job states
 PENDING, WAITING, RUNNING, DONE, UNSCHEDULABLE = 0, 1, 2, 3, 4
 
@@ -57,6 +57,9 @@ class Simulator:
         self.seg_over = [0.0] * n  # restore time at the start of the segment
         self.seg_speed = [1.0] * n
         self.expected_finish = [_INF] * n
+        # a resumed job cannot be preempted again before it has restored and passed its next checkpoint:
+        # without this, a preemptive policy with restore costs or lossy checkpoints can livelock
+        self.protect_until = [0.0] * n
         self.first_start = [math.nan] * n
         self.finish = [math.nan] * n
         self.preemptions = [0] * n
@@ -72,6 +75,7 @@ class Simulator:
         # GPUs started, stopped or re-ranked so far: bounds how much room preemption can have gained since a
         # failed attempt, so an attempt that cannot succeed yet is skipped without walking the running heap
         self._churn = 0
+        self._shelved: list[tuple] = []
         self._pfail: dict[int, tuple[int, int, int]] = {}
         # partitions a job may use, by its GPU type
         self._allowed = self._resolve_allowed()
@@ -220,6 +224,15 @@ class Simulator:
         self._ver[j] += 1
         self._seq += 1
         heapq.heappush(self._events, (fin, _COMPLETE, self._seq, j, self._ver[j]))
+        if self.preemptions[j] and self.policy.preemptive:
+            ci = self.config.checkpoint_interval_s
+            done = self.duration[j] - self.remaining[j]
+            need = (math.floor(done / ci) * ci + ci - done) if ci > 0 else over
+            until = min(fin, now + over + need / speed)
+            self.protect_until[j] = until
+            if until < fin:
+                self._seq += 1
+                heapq.heappush(self._events, (until, _UNPROTECT, self._seq, j, self._ver[j]))
         self._running[p][j] = None
         if self.policy.preemptive and not self.policy.scan_running:
             self._push_running(j)
@@ -297,6 +310,9 @@ class Simulator:
             if not pol.should_preempt(key, wkey):
                 return
             heapq.heappop(h)
+            if self.protect_until[j] > now:
+                self._shelved.append(entry)  # not preemptible yet; back on the heap after this attempt
+                continue
             yield j, entry
 
     def _victims_scan(self, p: int, wkey: float, now: float):
@@ -307,10 +323,18 @@ class Simulator:
             return
         keys = pol.running_keys(np.fromiter(running, dtype=np.int64, count=len(running)), now)
         order = np.argsort(-keys, kind="stable")
+        protect = self.protect_until
         for i in order.tolist():
             if not pol.should_preempt(float(keys[i]), wkey):
                 return
+            if protect[running[i]] > now:
+                continue
             yield running[i], None
+
+    def _unshelve(self, p: int) -> None:
+        for entry in self._shelved:
+            heapq.heappush(self._running_heap[p], entry)
+        self._shelved.clear()
 
     def _preempt_for(self, j: int) -> bool:
         """Preempt worse running jobs so that ``j`` fits; False (and nothing changed) when it cannot."""
@@ -340,7 +364,9 @@ class Simulator:
                 if not scan:
                     for _, entry in chosen:
                         heapq.heappush(self._running_heap[p], entry)
+                self._unshelve(p)
                 continue
+            self._unshelve(p)
             for v, _ in chosen:
                 self._preempt(v, now)
             alloc = part.allocate(g, cfg.placement, cfg.strict_placement)
@@ -350,6 +376,7 @@ class Simulator:
                     break
                 self._preempt(extra[0], now)
                 alloc = part.allocate(g, cfg.placement, cfg.strict_placement)
+            self._unshelve(p)
             if alloc is not None:
                 self._start(j, p, alloc, now)
                 return True
@@ -454,6 +481,10 @@ class Simulator:
                 elif kind == _TIMER:
                     if x[0] == token[j]:
                         pol.on_timer(j, x[1], t)
+                        changed = True
+                elif kind == _UNPROTECT:
+                    if x == ver[j]:
+                        self._churn += self.gpus[j]  # the job became a possible victim
                         changed = True
                 elif seq == self._wakeup_seq:
                     self._wakeup_at = _INF
