@@ -48,7 +48,7 @@ def _load_jobs(trace: str, columns: str | None, vc: str | None, reader: str | No
 
 
 def _load_cluster(cluster: Path | None, gpus: int | None):
-    from gpufleet.spec import ClusterSpec, load_cluster
+    from gpufleet.spec import load_cluster
 
     spec = load_cluster(cluster)
     if gpus is not None:
@@ -301,7 +301,7 @@ def traces_generate(
         help="Cluster size the arrival rate is chosen for (with --load).")] = None,
     load: Annotated[float, typer.Option(help="Target average share of --gpus kept busy.")] = 0.8,
     rate: Annotated[float | None, typer.Option(help="Arrivals per hour (overrides --gpus/--load).")] = None,
-    arrival: Annotated[str, typer.Option(help="poisson, or fitted (Philly's hour-of-day/weekday profile).")] = "poisson",
+    arrival: Annotated[str, typer.Option(help="poisson, or fitted (Philly's daily and weekly profile).")] = "poisson",
     seed: Annotated[int, typer.Option(help="Random seed (same seed, same trace).")] = 0,
 ) -> None:
     """Generate a synthetic trace with Philly-fitted GPU mix and lognormal durations, for scale tests."""

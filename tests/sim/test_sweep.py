@@ -22,7 +22,7 @@ def serial():
 def test_process_pool_matches_serial(serial):
     pooled = run_policies(jobs_frame(ROWS), ClusterSpec.single_pool(32), POLICIES, SimConfig(), workers=2)
     assert [r.policy for r in pooled] == POLICIES
-    for a, b in zip(serial, pooled):
+    for a, b in zip(serial, pooled, strict=False):
         assert a.jobs.equals(b.jobs)
 
 
@@ -38,7 +38,7 @@ def test_policy_options_are_parsed_and_validated():
     opts = parse_policy_opts(["las.quantum_gpu_s=600", "tiresias.thresholds=100,1000"], ["las", "tiresias"])
     assert opts["las"] == {"quantum_gpu_s": 600.0}
     assert opts["tiresias"] == {"thresholds": "100,1000"}
-    with pytest.raises(ConfigError, match="POLICY.OPTION=VALUE"):
+    with pytest.raises(ConfigError, match=r"POLICY\.OPTION=VALUE"):
         parse_policy_opts(["quantum=3"], ["las"])
     with pytest.raises(ConfigError, match="needs a number"):
         parse_policy_opts(["las.quantum_gpu_s=abc"], ["las"])

@@ -7,6 +7,8 @@ processor sharing with a preemption every instant; the policy asks for a wakeup 
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import numpy as np
 
 from gpufleet.sched.base import Policy, register
@@ -20,7 +22,7 @@ class LeastAttainedService(Policy):
     summary = "least attained GPU-service first; preempts a job once it leads a waiting one by a quantum"
     preemptive = True
     scan_running = True
-    options = {"quantum_gpu_s": 3600.0}
+    options: ClassVar[dict[str, float | str]] = {"quantum_gpu_s": 3600.0}
 
     def waiting_key(self, j: int, now: float) -> float:
         return self.sim.attained[j]  # type: ignore[union-attr]

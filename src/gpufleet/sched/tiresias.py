@@ -10,6 +10,9 @@ nothing between events.
 
 from __future__ import annotations
 
+import itertools
+from typing import ClassVar
+
 from gpufleet.errors import ConfigError
 from gpufleet.sched.base import Policy, register
 
@@ -24,7 +27,7 @@ def _parse_thresholds(value: object) -> list[float]:
         out = [float(x) for x in str(value).replace(";", ",").split(",") if x.strip()]
     except ValueError as exc:
         raise ConfigError(f"tiresias.thresholds must be comma-separated GPU-seconds, got '{value}'") from exc
-    if any(b <= a for a, b in zip(out, out[1:])) or any(x <= 0 for x in out):
+    if any(b <= a for a, b in itertools.pairwise(out)) or any(x <= 0 for x in out):
         raise ConfigError(f"tiresias.thresholds must be positive and increasing, got '{value}'")
     return out
 
@@ -38,7 +41,7 @@ class Tiresias(Policy):
     preemptive = True
     static_running_key = True
     # queue thresholds in GPU-seconds (K-1 values for K queues) and the starvation knob
-    options = {"thresholds": "3600,36000", "promote_knob": 8.0}
+    options: ClassVar[dict[str, float | str]] = {"thresholds": "3600,36000", "promote_knob": 8.0}
 
     def __init__(self, **opts: object) -> None:
         super().__init__(**opts)

@@ -587,7 +587,7 @@ class Simulator:
             "events": self.events_processed,
             "interrupted": interrupted,
             "unschedulable": dict(self.unschedulable),
-            "lost_work_gpu_s": float(sum(lo * g for lo, g in zip(self.lost, self.gpus))),
+            "lost_work_gpu_s": float(sum(lo * g for lo, g in zip(self.lost, self.gpus, strict=False))),
             "config": self.config,
         }
         summary = summarize(self.policy.name, jobs, timeline, self.total_gpus, wall, meta)

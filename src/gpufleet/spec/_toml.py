@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 
 from gpufleet.errors import SpecError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10 needs the tomli backport
-    import tomli as tomllib
 
 
 def parse_toml(text: str, source: str) -> dict[str, Any]:
