@@ -116,8 +116,9 @@ def simulate(
     placement_penalty: Annotated[float, typer.Option(
         help="Throughput lost by a job spread over more nodes than it needs (0.2 = 20 % slower).")] = 0.2,
     checkpoint_interval: Annotated[float, typer.Option(
-        help="Seconds of progress between checkpoints; preemption loses the work since the last (0 = none lost).")
-    ] = 1800.0,
+        help="Seconds of progress between checkpoints; preemption loses the work since the last. "
+        "0 (default): jobs checkpoint when preempted (suspend/resume) and lose nothing.")
+    ] = 0.0,
     restart_cost: Annotated[float, typer.Option(help="Seconds a preempted job spends restoring on restart.")] = 60.0,
     report: Annotated[Path | None, typer.Option(help="Write a self-contained HTML report here.")] = None,
     jobs_out: Annotated[Path | None, typer.Option(

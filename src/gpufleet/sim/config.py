@@ -22,7 +22,7 @@ class SimConfig:
     placement: str = "consolidate"
     strict_placement: bool = False
     placement_penalty: float = 0.2
-    checkpoint_interval_s: float = 1800.0
+    checkpoint_interval_s: float = 0.0
     restart_s: float = 60.0
     debug: bool = False
     progress: bool = False
