@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import polars as pl
@@ -84,19 +84,19 @@ def run_policies(
     policy_opts = policy_opts or {}
     for name in policies:
         make_policy(name, **dict(policy_opts.get(name, {})))  # fail fast on a bad name or option
-    specs = [RunSpec(p, jobs, cluster, config, dict(policy_opts.get(p, {}))) for p in policies]
-    if ray_address is not None:
-        results = _run_ray(specs, ray_address)
-    elif workers is None or workers <= 1 or len(specs) == 1:
+    if ray_address is None and (workers is None or workers <= 1 or len(policies) == 1):
         results = []
-        for spec in specs:
-            results.append(run_one(spec))
+        for name in policies:
+            results.append(run_one(RunSpec(name, jobs, cluster, config, dict(policy_opts.get(name, {})))))
             if on_done:
                 on_done(results[-1])
         return results
-    else:
-        results = _run_pool(specs, workers, on_done)
-        return results
+    # progress bars from several processes would garble the terminal: the caller reports completions
+    quiet = replace(config, progress=False)
+    specs = [RunSpec(p, jobs, cluster, quiet, dict(policy_opts.get(p, {}))) for p in policies]
+    if ray_address is None:
+        return _run_pool(specs, workers or 1, on_done)
+    results = _run_ray(specs, ray_address)
     if on_done:
         for r in results:
             on_done(r)
@@ -105,11 +105,8 @@ def run_policies(
 
 def _run_pool(specs: list[RunSpec], workers: int, on_done: Callable[[SimResult], None] | None) -> list[SimResult]:
     from concurrent.futures import ProcessPoolExecutor, as_completed
-    from dataclasses import replace
     from multiprocessing import get_context
 
-    # progress bars from several processes would garble the terminal: the caller reports completions
-    specs = [replace(s, config=replace(s.config, progress=False)) for s in specs]
     out: list[SimResult | None] = [None] * len(specs)
     workers = min(workers, len(specs), os.cpu_count() or 1)
     with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
@@ -126,7 +123,6 @@ def _run_ray(specs: list[RunSpec], address: str) -> list[SimResult]:
         import ray
     except ImportError as exc:
         raise ConfigError("--ray needs Ray: pip install 'gpufleet[ray]'") from exc
-    from dataclasses import replace
 
     started = False
     if not ray.is_initialized():
@@ -138,7 +134,6 @@ def _run_ray(specs: list[RunSpec], address: str) -> list[SimResult]:
         started = True
     try:
         remote = ray.remote(run_one)
-        specs = [replace(s, config=replace(s.config, progress=False)) for s in specs]
         return list(ray.get([remote.remote(s) for s in specs]))
     finally:
         if started:
