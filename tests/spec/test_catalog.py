@@ -215,6 +215,7 @@ _GOOD_ENTRY = """
 [[gpus]]
 name = "x1"
 display_name = "X1"
+arch = "ampere"
 aliases = {aliases}
 dense_fp16_tflops = 10
 fp32_tflops = 1

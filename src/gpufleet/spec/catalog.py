@@ -14,7 +14,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Generic, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from gpufleet.errors import SpecError
 from gpufleet.spec._names import compact, unknown_name_message
@@ -24,6 +24,7 @@ from gpufleet.spec.hardware import GPUSpec, NICSpec
 
 __all__ = [
     "Catalog",
+    "data_file",
     "get_gpu",
     "get_nic",
     "gpu_catalog",
@@ -33,7 +34,7 @@ __all__ = [
     "read_catalog",
 ]
 
-S = TypeVar("S", GPUSpec, NICSpec)
+S = TypeVar("S", bound=BaseModel)
 
 
 class Catalog(Generic[S]):
@@ -68,14 +69,17 @@ class Catalog(Generic[S]):
         return len(self.specs)
 
 
-def read_catalog(source: str | Path, model: type[S], table: str, text: str | None = None) -> Catalog[S]:
+def read_catalog(
+    source: str | Path, model: type[S], table: str, text: str | None = None, what: str | None = None
+) -> Catalog[S]:
     """Validate a catalog file (an array of ``[[table]]`` entries of ``model``) and index its spellings.
 
     ``text`` parses that string instead of reading ``source`` (which then only names it in errors).
+    ``model`` needs ``name`` and ``aliases`` fields; ``what`` names an entry in messages ("GPU", "model").
     Raises SpecError naming the file and entry for bad values, duplicates or ambiguous aliases.
     """
     data = parse_toml(text, str(source)) if text is not None else read_toml(source, what="catalog file")
-    what = "GPU" if model is GPUSpec else "NIC"
+    what = what or ("GPU" if model is GPUSpec else "NIC")
     extra = sorted(set(data) - {table})
     if extra:
         raise SpecError(
@@ -104,20 +108,20 @@ def read_catalog(source: str | Path, model: type[S], table: str, text: str | Non
     return Catalog(what, specs, spellings)
 
 
-def _data_file(name: str) -> str:
+def data_file(name: str) -> str:
     return str(resources.files("gpufleet").joinpath("data", name))
 
 
 @functools.cache
 def gpu_catalog() -> Catalog[GPUSpec]:
     """The shipped GPU catalog (``gpufleet/data/gpus.toml``), read on first use."""
-    return read_catalog(_data_file("gpus.toml"), GPUSpec, "gpus")
+    return read_catalog(data_file("gpus.toml"), GPUSpec, "gpus")
 
 
 @functools.cache
 def nic_catalog() -> Catalog[NICSpec]:
     """The shipped NIC catalog (``gpufleet/data/nics.toml``), read on first use."""
-    return read_catalog(_data_file("nics.toml"), NICSpec, "nics")
+    return read_catalog(data_file("nics.toml"), NICSpec, "nics")
 
 
 def get_gpu(name: str) -> GPUSpec:

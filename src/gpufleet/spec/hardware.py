@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 _FROZEN = ConfigDict(extra="forbid", frozen=True)
 
 #: Numeric formats ``GPUSpec.dense_tflops`` understands.
-Precision = Literal["bf16", "fp16", "tf32", "fp32"]
+Precision = Literal["fp8", "bf16", "fp16", "tf32", "fp32"]
 
 
 class GPUSpec(BaseModel):
@@ -24,6 +24,10 @@ class GPUSpec(BaseModel):
     name: str = Field(min_length=1, description="catalog key, e.g. 'a100-80g'")
     display_name: str = Field(min_length=1, description="marketing name, e.g. 'NVIDIA A100 SXM4 80GB'")
     aliases: tuple[str, ...] = Field(default=(), description="other spellings accepted by get_gpu")
+    arch: Literal["pascal", "volta", "turing", "ampere", "ada", "hopper", "blackwell"] = Field(
+        description="GPU generation; performance models key achieved-efficiency constants on it"
+    )
+    dense_fp8_tflops: float | None = Field(default=None, gt=0, description="None: no fp8 tensor cores (before Ada/Hopper)")
     dense_bf16_tflops: float | None = Field(default=None, gt=0, description="None: no bf16 support")
     dense_fp16_tflops: float = Field(gt=0, description="fp16 tensor-core peak (plain fp16 without them)")
     tf32_tflops: float | None = Field(default=None, gt=0, description="None: no TF32 (pre-Ampere)")
@@ -53,6 +57,7 @@ class GPUSpec(BaseModel):
     def dense_tflops(self, precision: Precision) -> float:
         """Dense peak TFLOP/s in ``precision``; raises ValueError where the GPU lacks that format."""
         value = {
+            "fp8": self.dense_fp8_tflops,
             "bf16": self.dense_bf16_tflops,
             "fp16": self.dense_fp16_tflops,
             "tf32": self.tf32_tflops,

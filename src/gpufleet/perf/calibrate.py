@@ -1,0 +1,114 @@
+"""Fit the achieved-efficiency constants to the calibration rows of the published-measurement table.
+
+Only constants per GPU generation, per network class and of the training software's methods are fitted
+(``FITTED``), by bounded least squares on the log of predicted / measured (SciPy's trust-region
+reflective solver). The rows outside the calibration subset never enter the fit; ``perf validate``
+reports their error separately.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from gpufleet.perf.efficiency import Efficiency
+from gpufleet.perf.ground_truth import Case
+from gpufleet.perf.validate import is_calibration, predict_case
+
+__all__ = ["FITTED", "calibrate", "write_efficiency"]
+
+#: (section, key, lower, upper) of every fitted constant; sections are dotted TOML table names. The
+#: bounds keep each constant physical: FlashAttention-2 reaches 35-70 % of peak on A100/H100 (Dao 2023),
+#: NCCL ring collectives 50-95 % of NVLink and of NIC line rate (nccl-tests busbw).
+FITTED: tuple[tuple[str, str, float, float], ...] = (
+    ("compute.ampere", "gemm", 0.5, 0.95),
+    ("compute.ampere", "gemm_half_width", 0.0, 1500.0),
+    ("compute.ampere", "attention", 0.05, 0.9),
+    ("compute.ampere", "flash_attention", 0.35, 0.8),
+    ("compute.hopper", "gemm", 0.4, 0.95),
+    ("compute.hopper", "gemm_half_width", 0.0, 3000.0),
+    ("compute.hopper", "flash_attention", 0.3, 0.8),
+    ("compute.hopper", "fp8_gemm", 0.2, 0.95),
+    ("compute.*", "elementwise_bytes", 0.0, 400.0),
+    ("intra", "nvlink", 0.5, 0.95),
+    ("network.infiniband", "efficiency", 0.5, 0.95),
+    ("network.roce", "efficiency", 0.5, 0.95),
+    ("software", "tp_overlap_exposed", 0.0, 1.0),
+    ("software", "layer_overhead_us", 0.0, 2000.0),
+)
+
+
+def _get(data: dict, section: str, key: str) -> float:
+    node = data
+    for part in section.split("."):
+        node = node["ampere"] if part == "*" else node[part]
+    return float(node[key])
+
+
+def _set(data: dict, section: str, key: str, value: float) -> None:
+    parts = section.split(".")
+    if parts[-1] == "*":
+        parent = data
+        for part in parts[:-1]:
+            parent = parent[part]
+        for table in parent.values():
+            table[key] = value
+        return
+    node = data
+    for part in parts:
+        node = node[part]
+    node[key] = value
+
+
+def _with(base: Efficiency, x: np.ndarray) -> Efficiency:
+    data = base.model_dump()
+    for (section, key, _, _), value in zip(FITTED, x, strict=True):
+        _set(data, section, key, float(value))
+    return Efficiency.model_validate(data)
+
+
+def calibrate(cases: Sequence[Case], base: Efficiency) -> tuple[Efficiency, dict[str, float]]:
+    """Refit ``FITTED`` on the calibration cases; returns the new constants and a fit summary."""
+    chosen = [c for c in cases if is_calibration(c)]
+    if not chosen:
+        raise ValueError("no calibration rows among the cases")
+    base_data = base.model_dump()
+    x0 = np.array([_get(base_data, s, k) for s, k, _, _ in FITTED])
+    lower = np.array([lo for _, _, lo, _ in FITTED])
+    upper = np.array([hi for _, _, _, hi in FITTED])
+    x0 = np.clip(x0, lower + 1e-9, upper - 1e-9)
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        eff = _with(base, x)
+        return np.array([np.log(predict_case(c, eff)["predicted"] / c.target) for c in chosen])
+
+    fit = least_squares(residuals, x0, bounds=(lower, upper), x_scale="jac", diff_step=1e-3, max_nfev=400)
+    eff = _with(base, fit.x)
+    res = np.abs(np.expm1(residuals(fit.x))) * 100.0
+    return eff, {"rows": float(len(chosen)), "mean_pct": float(res.mean()), "max_pct": float(res.max())}
+
+
+def write_efficiency(eff: Efficiency, template: str | Path, out: str | Path) -> None:
+    """Write ``eff``'s fitted values into a copy of the TOML ``template``, keeping its comments."""
+    text = Path(template).read_text(encoding="utf-8")
+    data = eff.model_dump()
+    section = ""
+    lines = []
+    for line in text.splitlines():
+        head = re.match(r"\s*\[([^\]]+)\]", line)
+        if head:
+            section = head.group(1).strip()
+        match = re.match(r"^(\s*)([A-Za-z_0-9]+)(\s*=\s*)([-+0-9.eE]+)(.*)$", line)
+        if match and section:
+            key = match.group(2)
+            for fitted_section, fitted_key, _, _ in FITTED:
+                pattern = fitted_section.replace(".", r"\.").replace("*", r"[a-z]+")
+                if fitted_key == key and re.fullmatch(pattern, section):
+                    value = _get(data, section, key)
+                    line = f"{match.group(1)}{key}{match.group(3)}{value:.4g}{match.group(5)}"
+        lines.append(line)
+    Path(out).write_text("\n".join(lines) + "\n", encoding="utf-8")

@@ -1,0 +1,144 @@
+"""Transformer model shapes: the ``ModelSpec`` the performance model reads, and the shipped catalog.
+
+A model is a catalog name (``gpt3-175b``, ``llama3-405b``), a JSON/TOML file with the same fields, or
+explicit shape flags; ``load_model`` merges them, explicit values winning, and validates the result.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from gpufleet.errors import SpecError
+from gpufleet.spec._toml import read_toml
+from gpufleet.spec._validation import spec_error
+from gpufleet.spec.catalog import Catalog, data_file, read_catalog
+
+__all__ = ["ModelSpec", "get_model", "load_model", "model_catalog", "model_names"]
+
+
+class ModelSpec(BaseModel):
+    """A decoder-only transformer: the shape numbers that set its FLOPs, memory and communication."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(default="custom", min_length=1)
+    aliases: tuple[str, ...] = ()
+    layers: int = Field(gt=0, description="transformer blocks")
+    hidden: int = Field(gt=0, description="model width h")
+    heads: int = Field(gt=0, description="attention (query) heads")
+    kv_heads: int | None = Field(default=None, gt=0, description="key/value heads (GQA); None = heads")
+    ffn_hidden: int | None = Field(default=None, gt=0, description="MLP width; None = 4 x hidden")
+    vocab: int = Field(gt=0, description="vocabulary size as trained (padded)")
+    seq: int = Field(default=2048, gt=0, description="training sequence length")
+    glu: bool = Field(default=False, description="gated MLP (SwiGLU): three weight matrices instead of two")
+    bias: bool = Field(default=True, description="linear layers carry bias vectors")
+    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
+    position: Literal["learned", "rope", "alibi"] = "learned"
+    tied_embeddings: bool = Field(default=True, description="the output layer reuses the input embedding")
+    source: str = ""
+
+    @model_validator(mode="after")
+    def _consistent_heads(self) -> ModelSpec:
+        if self.hidden % self.heads:
+            raise ValueError(f"hidden ({self.hidden}) must be a multiple of heads ({self.heads})")
+        if self.kv_heads is not None and (self.kv_heads > self.heads or self.heads % self.kv_heads):
+            raise ValueError(f"kv_heads ({self.kv_heads}) must divide heads ({self.heads})")
+        return self
+
+    @property
+    def head_dim(self) -> int:
+        """Width of one attention head."""
+        return self.hidden // self.heads
+
+    @property
+    def kv_heads_eff(self) -> int:
+        """Key/value heads actually used (``heads`` for plain multi-head attention)."""
+        return self.kv_heads or self.heads
+
+    @property
+    def ffn(self) -> int:
+        """MLP intermediate width."""
+        return self.ffn_hidden or 4 * self.hidden
+
+    @property
+    def kv_width(self) -> int:
+        """Width of the K (or V) projection: kv_heads x head_dim."""
+        return self.kv_heads_eff * self.head_dim
+
+    def with_overrides(self, **overrides: Any) -> ModelSpec:
+        """A copy with the given non-None fields replaced (and re-validated)."""
+        given = {k: v for k, v in overrides.items() if v is not None}
+        if not given:
+            return self
+        data = self.model_dump()
+        data.update(given)
+        if "name" not in given and set(given) - {"seq"}:
+            data["name"] = f"{self.name}*"
+        data["aliases"] = ()
+        return _validate(data, "model overrides")
+
+
+def _validate(data: dict[str, Any], source: str) -> ModelSpec:
+    try:
+        return ModelSpec.model_validate(data)
+    except ValidationError as exc:
+        raise spec_error(exc, source, ModelSpec) from None
+
+
+@functools.cache
+def model_catalog() -> Catalog[ModelSpec]:
+    """The shipped model catalog (``gpufleet/data/models.toml``), read on first use."""
+    return read_catalog(data_file("models.toml"), ModelSpec, "models", what="model")
+
+
+def model_names() -> list[str]:
+    """Canonical names of the shipped models, sorted."""
+    return model_catalog().names()
+
+
+def get_model(name: str) -> ModelSpec:
+    """A catalog model by name or alias; SpecError suggests the closest name."""
+    return model_catalog().get(name)
+
+
+def _read_model_file(path: Path) -> dict[str, Any]:
+    if path.suffix.lower() == ".json":
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise SpecError(f"{path}: model file not found; check the path") from None
+        except json.JSONDecodeError as exc:
+            raise SpecError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}); fix the syntax") from None
+    else:
+        data = read_toml(path, what="model file")
+    if not isinstance(data, dict):
+        raise SpecError(f"{path}: a model file holds one object of fields (layers, hidden, heads, ...)")
+    return data
+
+
+def load_model(model: str | Path | None = None, **overrides: Any) -> ModelSpec:
+    """Resolve a model from a catalog name or a JSON/TOML file, then apply explicit shape overrides.
+
+    With ``model=None`` the overrides must give the whole shape (layers, hidden, heads, vocab).
+    """
+    if model is None:
+        given = {k: v for k, v in overrides.items() if v is not None}
+        missing = [k for k in ("layers", "hidden", "heads", "vocab") if k not in given]
+        if missing:
+            raise SpecError(
+                "no --model given and the shape is incomplete: missing "
+                + ", ".join(f"--{k}" for k in missing)
+                + f"; pass them or a catalog model ({', '.join(model_names()[:6])}, ...)"
+            )
+        return _validate(given, "model flags")
+    path = Path(model)
+    if path.suffix.lower() in {".json", ".toml"} or path.exists():
+        base = _validate(_read_model_file(path), str(path))
+    else:
+        base = get_model(str(model))
+    return base.with_overrides(**overrides)

@@ -1,0 +1,78 @@
+"""Training-software options the performance model honours, and the parallel layout of one run."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gpufleet.perf.flops import Recompute
+
+__all__ = ["Layout", "TrainOptions"]
+
+
+class TrainOptions(BaseModel):
+    """What the training software does: precision, kernels, sharding and overlap.
+
+    Defaults describe a current Megatron-Core run without communication overlap. ``megascale()``
+    switches on MegaScale's optimisations (arXiv 2402.15627 §3): overlap of TP, PP and DP
+    communication with compute, the parallel transformer block, sliding-window attention and fused
+    operators.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    precision: Literal["bf16", "fp16", "fp8"] = "bf16"
+    flash_attention: bool = True
+    sequence_parallel: bool = True
+    zero: Literal[0, 1, 2, 3] = Field(
+        default=1, description="0 plain DP; 1 distributed optimizer / ZeRO-1; 2 + sharded grads; 3 FSDP"
+    )
+    grad_reduce_bytes: Literal[2, 4] = Field(default=4, description="4: fp32 gradient reduction (Megatron)")
+    tp_overlap: bool = False
+    pp_overlap: bool = False
+    dp_overlap: bool = False
+    parallel_block: bool = False
+    fused_ops: bool = False
+    sliding_window: int | None = Field(default=None, gt=0, description="attention window in tokens")
+    causal_flops: bool = Field(
+        default=False, description="MFU convention: count half the attention square (Megatron main) or all"
+    )
+
+    @classmethod
+    def megascale(cls, **overrides: object) -> TrainOptions:
+        """MegaScale's optimisations on top of the defaults."""
+        base = {
+            "tp_overlap": True,
+            "pp_overlap": True,
+            "dp_overlap": True,
+            "parallel_block": True,
+            "fused_ops": True,
+        }
+        base.update(overrides)
+        return cls(**base)
+
+
+class Layout(BaseModel):
+    """A parallel layout: TP x PP x DP x CP ranks, micro-batch size, virtual stages, recomputation."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tp: int = Field(default=1, gt=0)
+    pp: int = Field(default=1, gt=0)
+    dp: int = Field(default=1, gt=0)
+    cp: int = Field(default=1, gt=0)
+    mbs: int = Field(default=1, gt=0, description="micro-batch size in sequences")
+    vp: int = Field(default=1, gt=0, description="virtual pipeline stages per rank (interleaved 1F1B)")
+    recompute: Recompute = "none"
+
+    @property
+    def gpus(self) -> int:
+        """GPUs the layout occupies: tp x pp x dp x cp."""
+        return self.tp * self.pp * self.dp * self.cp
+
+    def describe(self) -> str:
+        """Compact text, e.g. 'TP8 PP8 DP16 CP1 mbs1 v6 selective'."""
+        return (
+            f"TP{self.tp} PP{self.pp} DP{self.dp} CP{self.cp} mbs{self.mbs} v{self.vp} {self.recompute}"
+        )

@@ -1,0 +1,323 @@
+"""Step time, MFU and memory of a training layout: one vectorised model for ``perf step`` and ``plan``.
+
+``evaluate`` takes layout arrays (any broadcastable shapes) and returns arrays, so the planner scores
+millions of layouts in one call and ``estimate_step`` is the same code on arrays of one. The time of
+one optimizer step on the slowest pipeline stage is
+
+    m · T_mb  +  (p-1)/v · T_mb  +  PP send/recv  +  exposed DP communication  +  optimizer  +  overhead
+
+where ``T_mb`` is that stage's forward + backward (+ recomputation) of one micro-batch, including the
+exposed tensor-parallel collectives, and ``m = gbs / (dp · mbs)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gpufleet.errors import ConfigError
+from gpufleet.perf import collectives as coll
+from gpufleet.perf.efficiency import Efficiency, default_efficiency
+from gpufleet.perf.flops import (
+    RECOMPUTE_MODES,
+    attention_flops_per_token_layer,
+    gemm_flops_per_token_layer,
+    hardware_flops_per_step,
+    logit_flops_per_token,
+    model_flops_per_step,
+    param_count,
+    params_per_layer,
+)
+from gpufleet.perf.memory import activation_bytes_per_token_layer, state_bytes_per_param
+from gpufleet.perf.model import ModelSpec
+from gpufleet.perf.options import Layout, TrainOptions
+from gpufleet.perf.system import System
+
+__all__ = ["BREAKDOWN_KEYS", "StepEstimate", "estimate_step", "evaluate", "layout_problems"]
+
+#: Components of the step time, in the order reports show them.
+BREAKDOWN_KEYS = ("compute", "tp_comm", "pp_bubble", "pp_comm", "dp_comm_exposed", "optimizer", "overhead")
+
+_ADAM_BYTES_PER_PARAM = 40.0  # read fp32 param, grad, m, v; write param, m, v; write bf16 copy
+
+
+def _arr(x: Any) -> np.ndarray:
+    return np.asarray(x, dtype=float)
+
+
+def evaluate(
+    model: ModelSpec,
+    system: System,
+    gbs: Any,
+    tp: Any,
+    pp: Any,
+    dp: Any,
+    cp: Any = 1,
+    mbs: Any = 1,
+    vp: Any = 1,
+    recompute: Any = 0,
+    seq: int | None = None,
+    options: TrainOptions | None = None,
+    efficiency: Efficiency | None = None,
+) -> dict[str, np.ndarray]:
+    """Score layouts; every layout argument may be an array (recompute as codes 0 none, 1 selective, 2 full).
+
+    Returns arrays: ``step_time_s``, the ``BREAKDOWN_KEYS`` components, ``microbatches``,
+    ``memory_gb`` (and its parts), ``mfu``, ``hfu``, ``tokens_per_s``. Validity (divisibility, memory)
+    is not checked here; see ``layout_problems``.
+    """
+    opt = options or TrainOptions()
+    eff = efficiency or default_efficiency()
+    ce = eff.for_gpu(system.gpu)
+    link = eff.for_nic(system.nic)
+    sw = eff.software
+    s = int(seq or model.seq)
+    h, vocab = model.hidden, model.vocab
+    tp, pp, dp, cp, mbs, vp = (_arr(x) for x in (tp, pp, dp, cp, mbs, vp))
+    rc = np.asarray(recompute)
+    gbs = _arr(gbs)
+    n_gpus = tp * pp * dp * cp
+
+    # --- compute per layer per micro-batch on one rank ---
+    peak16 = system.gpu.dense_tflops("fp16" if opt.precision == "fp16" else "bf16") * 1e12
+    if system.gpu.dense_bf16_tflops is None:
+        peak16 = system.gpu.mixed_precision_tflops * 1e12
+    if opt.precision == "fp8":
+        if system.gpu.dense_fp8_tflops is None:
+            raise ConfigError(f"GPU {system.gpu.name!r} has no fp8 tensor cores; use --precision bf16")
+        gemm_rate = system.gpu.dense_fp8_tflops * 1e12 * ce.fp8_gemm * (ce.gemm_efficiency(h / tp) / ce.gemm)
+    else:
+        gemm_rate = peak16 * ce.gemm_efficiency(h / tp)
+    mem_rate = system.gpu.memory_bw_gbps * 1e9 * ce.memory
+    tok = mbs * s / cp  # tokens of one micro-batch on one rank
+    t_gemm = gemm_flops_per_token_layer(model) * tok / tp / gemm_rate
+    window = min(1.0, opt.sliding_window / s) if opt.sliding_window else 1.0
+    executed_attn = attention_flops_per_token_layer(model, s, causal=opt.flash_attention) * window
+    attn_eff = ce.flash_attention if opt.flash_attention else ce.attention
+    t_attn = executed_attn * tok / tp / (peak16 * attn_eff)
+    if not opt.flash_attention:  # scores written, softmaxed, dropped out and read back through HBM
+        t_attn = t_attn + 10.0 * model.heads * s * window * tok / tp / mem_rate
+    elem_bytes = ce.elementwise_bytes * (sw.fused_elementwise if opt.fused_ops else 1.0) * tok * h
+    t_elem = elem_bytes / np.where(opt.sequence_parallel, tp, 1.0) / mem_rate
+    t_fwd = t_gemm + t_attn + t_elem
+    t_recompute = np.select([rc == 2, rc == 1], [t_fwd, t_attn], default=0.0)
+    # kernel launches and host-side gaps of one layer's forward + backward (matter for small layers)
+    t_layer_compute = 3.0 * t_fwd + t_recompute + sw.layer_overhead_us * 1e-6
+
+    # --- tensor-parallel collectives: 2 all-reduce equivalents forward, 2 backward, 2 more if full recompute ---
+    act_bytes = tok * h * 2.0
+    intra_bw = system.intra_node_bytes_per_s * (eff.intra.nvlink if system.gpu.has_nvlink else eff.intra.pcie)
+    intra_alpha = eff.intra.alpha_us * 1e-6
+    nic_bw = system.nic_bytes_per_gpu * link.efficiency
+    nic_alpha = link.alpha_us * 1e-6
+    per_node = float(system.gpus_per_node)
+    tp_ar = coll.hierarchical_all_reduce(
+        act_bytes, tp, np.minimum(tp, per_node), intra_bw, nic_bw, intra_alpha, nic_alpha
+    )
+    n_coll = (4.0 + 2.0 * (rc == 2)) * (0.5 if opt.parallel_block else 1.0)
+    tp_layer = n_coll / 2.0 * tp_ar * (sw.tp_overlap_exposed if opt.tp_overlap else 1.0)
+
+    # --- slowest stage: its layers plus the output layer and loss (Megatron keeps them on the last stage) ---
+    # uneven splits put ceil(L / (pp·vp)) layers on each virtual chunk of the slowest stage
+    layers_per_stage = np.ceil(model.layers / (pp * vp)) * vp
+    logit_rate = peak16 * ce.gemm_efficiency(h / tp) if opt.precision != "fp8" else gemm_rate
+    t_logits = 3.0 * logit_flops_per_token(model) * tok / tp / logit_rate + 3.0 * 8.0 * vocab * tok / tp / mem_rate
+    compute_mb = layers_per_stage * t_layer_compute + t_logits
+    tp_mb = layers_per_stage * tp_layer
+    t_mb = compute_mb + tp_mb
+
+    m = gbs / (dp * mbs)
+    bubble = np.where(pp > 1, (pp - 1.0) / vp * t_mb, 0.0)
+
+    # --- pipeline send/recv: activations forward, gradients backward, per virtual stage ---
+    p2p_bytes = act_bytes / np.where(opt.sequence_parallel, tp, 1.0)
+    stage_stride = tp * cp * dp
+    p2p_bw = np.where(stage_stride >= per_node, nic_bw, intra_bw)
+    p2p_alpha = np.where(stage_stride >= per_node, nic_alpha, intra_alpha)
+    t_p2p = coll.p2p(p2p_bytes, p2p_bw, p2p_alpha)
+    pp_comm = np.where(pp > 1, 2.0 * (m * vp + pp - 1.0) * t_p2p, 0.0)
+    pp_comm = pp_comm * (sw.pp_overlap_exposed if opt.pp_overlap else 1.0)
+
+    # --- data-parallel gradient reduction (over DP x CP ranks, which hold the same weights) ---
+    stage_params = layers_per_stage * params_per_layer(model) + model.vocab * h
+    params_gpu = stage_params / tp
+    n_dp = dp * cp
+    dp_per_node = np.clip(per_node / (tp), 1.0, n_dp)
+    span_gpus = tp * n_dp
+    over = np.where(
+        (system.rack_gpus is not None) & (span_gpus > (system.rack_gpus or np.inf)), system.oversubscription, 1.0
+    )
+    dp_nic_bw = nic_bw / over
+    grad_bytes = params_gpu * opt.grad_reduce_bytes
+    param_bytes = params_gpu * 2.0
+
+    def rs(size: np.ndarray) -> np.ndarray:
+        return coll.hierarchical_reduce_scatter(size, n_dp, dp_per_node, intra_bw, dp_nic_bw, intra_alpha, nic_alpha)
+
+    def ag(size: np.ndarray) -> np.ndarray:
+        return coll.hierarchical_all_gather(size, n_dp, dp_per_node, intra_bw, dp_nic_bw, intra_alpha, nic_alpha)
+
+    if opt.zero == 3:  # FSDP: gather weights for forward and backward, reduce-scatter grads, every micro-batch
+        per_mb = 2.0 * ag(param_bytes) + rs(grad_bytes)
+        dp_exposed = m * np.maximum(per_mb - t_mb * sw.dp_overlap_window, 0.0)
+    else:
+        if opt.zero == 0:
+            t_dp = coll.hierarchical_all_reduce(
+                grad_bytes, n_dp, dp_per_node, intra_bw, dp_nic_bw, intra_alpha, nic_alpha
+            )
+        else:
+            t_dp = rs(grad_bytes) + ag(param_bytes)
+        window = t_mb * sw.dp_overlap_window if opt.dp_overlap else 0.0
+        dp_exposed = np.maximum(t_dp - window, 0.0)
+    dp_exposed = np.where(n_dp > 1, dp_exposed, 0.0)
+
+    # --- optimizer: Adam over this rank's shard, memory-bound ---
+    opt_params = params_gpu / np.where(opt.zero >= 1, n_dp, 1.0)
+    optimizer = opt_params * _ADAM_BYTES_PER_PARAM / mem_rate
+
+    compute = m * compute_mb
+    tp_comm = m * tp_mb
+    overhead = np.full_like(compute, sw.step_overhead_s)
+    step = compute + tp_comm + bubble + pp_comm + dp_exposed + optimizer + overhead
+
+    # --- memory per GPU on the first stage (most micro-batches in flight) ---
+    states = stage_params / tp * state_bytes_per_param(opt.zero, n_dp)
+    act_tok = activation_bytes_per_token_layer(model, s, tp, rc, opt.sequence_parallel, opt.flash_attention)
+    # 1F1B: the first stage holds p micro-batches; interleaved (v > 1): p + (p-1)/v (Korthikanti 2022)
+    in_flight = np.where(pp > 1, np.minimum(m, pp) + np.where(vp > 1, (pp - 1.0) / vp, 0.0), 1.0)
+    activations = act_tok * tok * layers_per_stage * in_flight
+    full_layer = activation_bytes_per_token_layer(
+        model, s, tp, np.zeros_like(rc), opt.sequence_parallel, opt.flash_attention
+    )
+    activations = activations + np.where(rc == 2, full_layer * tok, 0.0)  # the layer being recomputed
+    logits_mem = 10.0 * vocab * tok / tp  # bf16 logits + fp32 softmax of the last stage
+    memory = states + activations + logits_mem + sw.memory_reserve_gb * 1e9
+
+    flops_model = model_flops_per_step(model, 1, s, causal=opt.causal_flops) * gbs
+    peak_total = n_gpus * peak16
+    hw = {
+        code: hardware_flops_per_step(model, 1, s, mode, causal=opt.causal_flops)
+        for code, mode in enumerate(RECOMPUTE_MODES)
+    }
+    flops_hw = np.select([rc == 0, rc == 1], [hw[0], hw[1]], default=hw[2]) * gbs
+    return {
+        "step_time_s": step,
+        "compute": compute,
+        "tp_comm": tp_comm,
+        "pp_bubble": m * 0 + bubble,
+        "pp_comm": pp_comm,
+        "dp_comm_exposed": dp_exposed,
+        "optimizer": optimizer,
+        "overhead": overhead,
+        "microbatches": m,
+        "memory_gb": memory / 1e9,
+        "memory_states_gb": states / 1e9,
+        "memory_activations_gb": activations / 1e9,
+        "mfu": flops_model / (step * peak_total),
+        "hfu": flops_hw / (step * peak_total),
+        "tokens_per_s": gbs * s / step,
+    }
+
+
+def layout_problems(model: ModelSpec, gpus: int, gbs: int, layout: Layout, seq: int | None = None) -> list[str]:
+    """Why ``layout`` cannot run ``model`` on ``gpus`` GPUs at global batch ``gbs`` (empty when it can)."""
+    s = seq or model.seq
+    problems = []
+    if layout.gpus != gpus:
+        problems.append(f"TP x PP x DP x CP = {layout.gpus}, not the {gpus} GPUs asked for")
+    if model.heads % layout.tp:
+        problems.append(f"TP={layout.tp} does not divide the {model.heads} attention heads")
+    if layout.pp * layout.vp > model.layers:
+        problems.append(f"PP x VP = {layout.pp * layout.vp} exceeds the {model.layers} layers")
+    if layout.vp > 1 and layout.pp == 1:
+        problems.append("virtual stages (VP > 1) need pipeline parallelism (PP > 1)")
+    if gbs % (layout.dp * layout.mbs):
+        problems.append(f"global batch {gbs} is not a multiple of DP x mbs = {layout.dp * layout.mbs}")
+    if s % layout.cp:
+        problems.append(f"CP={layout.cp} does not divide the sequence length {s}")
+    return problems
+
+
+@dataclass(frozen=True)
+class StepEstimate:
+    """The predicted cost of one optimizer step of one layout."""
+
+    model: ModelSpec
+    layout: Layout
+    system: System
+    options: TrainOptions
+    gbs: int
+    seq: int
+    values: dict[str, float]
+
+    @property
+    def step_time_s(self) -> float:
+        """Seconds per optimizer step."""
+        return self.values["step_time_s"]
+
+    @property
+    def fits(self) -> bool:
+        """Whether the estimated memory fits in the GPU."""
+        return self.values["memory_gb"] <= self.system.gpu.memory_gb
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready summary: the fields ``perf step --json`` prints."""
+        v = self.values
+        gpus = self.layout.gpus
+        return {
+            "model": self.model.name,
+            "params_b": param_count(self.model) / 1e9,
+            "gpu": self.system.gpu.name,
+            "gpus": gpus,
+            "layout": self.layout.model_dump(),
+            "gbs": self.gbs,
+            "seq": self.seq,
+            "microbatches": v["microbatches"],
+            "step_time_s": v["step_time_s"],
+            "mfu": v["mfu"],
+            "hfu": v["hfu"],
+            "tokens_per_s": v["tokens_per_s"],
+            "tokens_per_s_per_gpu": v["tokens_per_s"] / gpus,
+            "model_tflops_per_gpu": v["mfu"] * self.system.gpu.mixed_precision_tflops,
+            "memory_gb_per_gpu": v["memory_gb"],
+            "memory_breakdown_gb": {
+                "weights_grads_optimizer": v["memory_states_gb"],
+                "activations": v["memory_activations_gb"],
+            },
+            "fits_in_memory": self.fits,
+            "breakdown": {k: v[k] for k in BREAKDOWN_KEYS},
+            "flop_convention": (
+                "model FLOPs, attention counted "
+                + ("causal (half square)" if self.options.causal_flops else "over the full s x s square")
+                + f"; peak = dense {'fp16' if self.options.precision == 'fp16' else 'bf16'}"
+            ),
+            "options": self.options.model_dump(),
+            "system": self.system.describe(),
+        }
+
+
+def estimate_step(
+    model: ModelSpec,
+    system: System,
+    layout: Layout,
+    gbs: int,
+    seq: int | None = None,
+    options: TrainOptions | None = None,
+    efficiency: Efficiency | None = None,
+    check: bool = True,
+) -> StepEstimate:
+    """Predict one step of ``layout``; ConfigError lists why the layout is impossible (when ``check``)."""
+    s = int(seq or model.seq)
+    if check:
+        problems = layout_problems(model, layout.gpus, gbs, layout, s)
+        if problems:
+            raise ConfigError(f"layout {layout.describe()} is invalid: " + "; ".join(problems))
+    opts = options or TrainOptions()
+    out = evaluate(
+        model, system, gbs, layout.tp, layout.pp, layout.dp, layout.cp, layout.mbs, layout.vp,
+        RECOMPUTE_MODES.index(layout.recompute), s, opts, efficiency,
+    )
+    values = {k: float(np.asarray(v).reshape(-1)[0]) for k, v in out.items()}
+    return StepEstimate(model, layout, system, opts, int(gbs), s, values)

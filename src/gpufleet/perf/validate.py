@@ -1,0 +1,135 @@
+"""Predict every published measurement and report the error: the accuracy bar of ``gpufleet.perf``.
+
+The error of a row is the absolute percentage error of step time where the source publishes one, else
+of throughput (TFLOP/s per GPU in the source's own FLOP convention, MFU, or tokens/s per GPU). Where a
+source leaves the micro-batch size or the number of virtual stages out, the prediction uses the value
+the planner picks (fastest that fits), as the authors would have tuned it.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+import numpy as np
+import polars as pl
+
+from gpufleet.perf.efficiency import Efficiency, default_efficiency
+from gpufleet.perf.flops import RECOMPUTE_MODES, hardware_flops_per_step, model_flops_per_step
+from gpufleet.perf.ground_truth import Case
+from gpufleet.perf.step import evaluate
+
+__all__ = ["error_summary", "is_calibration", "predict_case", "validate_cases"]
+
+#: Rows whose errors set the efficiency constants (``perf calibrate``); all others are held out.
+#: Per GPU generation and network: A100 on InfiniBand (Korthikanti, Narayanan Table 1), A100 on RoCE
+#: (MegaScale's smallest and largest Megatron-LM runs, one MegaScale run), H100 on InfiniBand (three of
+#: the five Megatron-Core runs) and H100 fp8 (the Megatron-Bridge run).
+_CALIBRATION_RULES = (
+    ("Korthikanti 2022", None),
+    ("Narayanan 2021", "Narayanan21 (arXiv"),
+    ("MegaScale (Megatron-LM)", (256, 1024, 12288)),
+    ("MegaScale (MegaScale)", (1024,)),
+    ("Megatron-Core H100", (48, 768, 6144)),
+    ("Megatron-Bridge (fp8)", None),
+    ("MosaicML MPT (FSDP)", "A100"),
+)
+
+
+def is_calibration(case: Case) -> bool:
+    """Whether ``case`` belongs to the calibration subset (see ``_CALIBRATION_RULES``)."""
+    for group, sel in _CALIBRATION_RULES:
+        if case.group != group:
+            continue
+        if sel is None:
+            return True
+        if isinstance(sel, str):
+            return case.source.startswith(sel) or (group.startswith("MosaicML") and sel in case.label)
+        return case.gpus in sel and "Tab" in case.source if group.startswith("MegaScale") else case.gpus in sel
+    return False
+
+
+def _candidates(case: Case) -> list[tuple[int, int, int]]:
+    """(mbs, vp, recompute code) triples the case allows: valid divisibility, VP only with PP."""
+    out = []
+    for mbs, vp, rc in itertools.product(case.mbs, case.vp, case.recompute):
+        too_deep = case.pp * vp > case.model.layers
+        if case.gbs % (case.dp * mbs) or too_deep or (vp > 1 and case.pp == 1):
+            continue
+        out.append((mbs, vp, RECOMPUTE_MODES.index(rc)))  # type: ignore[arg-type]
+    return out or [(case.mbs[0], 1, RECOMPUTE_MODES.index(case.recompute[0]))]  # type: ignore[arg-type]
+
+
+def predict_case(case: Case, efficiency: Efficiency | None = None) -> dict[str, float]:
+    """The prediction for one case: chosen mbs/vp, step time, MFU, memory and the value its target measures."""
+    eff = efficiency or default_efficiency()
+    cands = np.array(_candidates(case), dtype=float)
+    out = evaluate(
+        case.model, case.system, case.gbs, case.tp, case.pp, case.dp, case.cp, cands[:, 0], cands[:, 1], cands[:, 2],
+        case.seq, case.options, eff,
+    )
+    step = np.broadcast_to(out["step_time_s"], (len(cands),))
+    mem = np.broadcast_to(out["memory_gb"], (len(cands),))
+    fits = mem <= case.system.gpu.memory_gb
+    order = np.where(fits, step, step + 1e9)
+    best = int(np.argmin(order))
+    t = float(step[best])
+    n = case.gpus
+    if case.target_kind == "step_time_s":
+        predicted = t
+    elif case.target_kind == "tflops_hfu_full":  # the source counts recomputation FLOPs (Narayanan eq. 3)
+        predicted = hardware_flops_per_step(case.model, case.gbs, case.seq, "full") / (t * n) / 1e12
+    elif case.target_kind == "tflops_model":
+        predicted = model_flops_per_step(case.model, case.gbs, case.seq) / (t * n) / 1e12
+    elif case.target_kind == "mfu":
+        predicted = float(np.broadcast_to(out["mfu"], (len(cands),))[best])
+    else:  # tokens_per_s_per_gpu
+        predicted = case.gbs * case.seq / t / n
+    return {
+        "mbs": int(cands[best, 0]),
+        "vp": int(cands[best, 1]),
+        "recompute": RECOMPUTE_MODES[int(cands[best, 2])],
+        "step_time_s": t,
+        "mfu": float(np.broadcast_to(out["mfu"], (len(cands),))[best]),
+        "memory_gb": float(mem[best]),
+        "fits": bool(fits[best]),
+        "predicted": predicted,
+    }
+
+
+def validate_cases(cases: Sequence[Case], efficiency: Efficiency | None = None) -> pl.DataFrame:
+    """One row per case: measured, predicted, absolute percentage error, split and chosen knobs."""
+    rows = []
+    for case in cases:
+        p = predict_case(case, efficiency)
+        err = abs(p["predicted"] - case.target) / case.target * 100.0
+        rows.append({
+            "row": case.row,
+            "case": case.label,
+            "group": case.group,
+            "split": "calibration" if is_calibration(case) else "held-out",
+            "layout": f"TP{case.tp} PP{case.pp} DP{case.dp} CP{case.cp} mbs{p['mbs']} v{p['vp']} {p['recompute']}",
+            "metric": case.target_kind,
+            "measured": case.target,
+            "predicted": p["predicted"],
+            "error_pct": err,
+            "pred_mfu_pct": p["mfu"] * 100.0,
+            "memory_gb": p["memory_gb"],
+            "fits": p["fits"],
+        })
+    return pl.DataFrame(rows)
+
+
+def error_summary(table: pl.DataFrame) -> pl.DataFrame:
+    """Mean and max error overall, per split and per source group."""
+    parts = [
+        table.select(pl.lit("all rows").alias("subset"), pl.len().alias("rows"),
+                     pl.col("error_pct").mean().alias("mean_pct"), pl.col("error_pct").max().alias("max_pct")),
+        table.group_by("split").agg(pl.len().alias("rows"), pl.col("error_pct").mean().alias("mean_pct"),
+                                    pl.col("error_pct").max().alias("max_pct"))
+        .rename({"split": "subset"}).sort("subset"),
+        table.group_by("group").agg(pl.len().alias("rows"), pl.col("error_pct").mean().alias("mean_pct"),
+                                    pl.col("error_pct").max().alias("max_pct"))
+        .rename({"group": "subset"}).sort("subset"),
+    ]
+    return pl.concat([p.with_columns(pl.col("rows").cast(pl.Int64)) for p in parts])
