@@ -218,6 +218,12 @@ def evaluate(
         "mfu": flops_model / (step * peak_total),
         "hfu": flops_hw / (step * peak_total),
         "tokens_per_s": gbs * s / step,
+        # per-unit pieces for models that assemble uneven pipelines (perf.hetero)
+        "layer_s": t_layer_compute + tp_layer,
+        "logits_s": t_logits,
+        "p2p_s": t_p2p,
+        "dp_s": np.where(n_dp > 1, t_dp if opt.zero != 3 else m * per_mb, 0.0) + 0.0 * step,
+        "stage_params": stage_params + 0.0 * step,
     }
 
 
