@@ -140,9 +140,11 @@ def _holmes(model: ModelSpec, pools: list[Pool], gbs: int, seq: int, options: Tr
             fill = (total_pp - 1) * float(stage_time.max()) / m + (len(pools) - 1) * t_link
             step = m * t_mb + fill + 2.0 * (m + total_pp - 1) * t_p2p + eff.software.step_overhead_s
             # memory: the stage with the most layers, as a homogeneous pipeline of that depth
+            deepest = model.with_overrides(layers=int(layers.max()) * total_pp)
             mem = max(
-                float(np.asarray(evaluate(model.with_overrides(layers=int(layers.max()) * total_pp), _system(p), gbs,
-                                          tp, total_pp, dp, 1, mbs, 1, rc, seq, options, eff)["memory_gb"]).reshape(-1)[0])
+                float(np.asarray(evaluate(
+                    deepest, _system(p), gbs, tp, total_pp, dp, 1, mbs, 1, rc, seq, options, eff
+                )["memory_gb"]).reshape(-1)[0])
                 for p in pools
             )
             if mem > pools[0].gpu_spec.memory_gb:

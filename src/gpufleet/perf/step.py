@@ -81,9 +81,10 @@ def evaluate(
     n_gpus = tp * pp * dp * cp
 
     # --- compute per layer per micro-batch on one rank ---
-    peak16 = system.gpu.dense_tflops("fp16" if opt.precision == "fp16" else "bf16") * 1e12
-    if system.gpu.dense_bf16_tflops is None:
-        peak16 = system.gpu.mixed_precision_tflops * 1e12
+    if opt.precision == "fp16" or system.gpu.dense_bf16_tflops is None:  # Volta/Turing train in fp16
+        peak16 = system.gpu.dense_fp16_tflops * 1e12
+    else:
+        peak16 = system.gpu.dense_bf16_tflops * 1e12
     if opt.precision == "fp8":
         if system.gpu.dense_fp8_tflops is None:
             raise ConfigError(f"GPU {system.gpu.name!r} has no fp8 tensor cores; use --precision bf16")

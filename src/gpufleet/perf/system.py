@@ -29,13 +29,13 @@ class System:
     gpu: GPUSpec
     nic: NICSpec
     gpus_per_node: int = 8
-    nics_per_node: int = 8
+    nics_per_node: float = 8  # may be fractional: a job's share of a node's NICs
     rack_gpus: int | None = None
     oversubscription: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.gpus_per_node < 1 or self.nics_per_node < 1:
-            raise SpecError("gpus_per_node and nics_per_node must be at least 1")
+        if self.gpus_per_node < 1 or self.nics_per_node <= 0:
+            raise SpecError("gpus_per_node must be at least 1 and nics_per_node positive")
         if self.oversubscription < 1.0:
             raise SpecError(f"oversubscription must be >= 1 (1 = non-blocking), got {self.oversubscription}")
 
@@ -45,7 +45,7 @@ class System:
         gpu: str,
         nic: str = "ib-hdr",
         gpus_per_node: int = 8,
-        nics_per_node: int = 8,
+        nics_per_node: float = 8,
         rack_gpus: int | None = None,
         oversubscription: float = 1.0,
     ) -> System:
@@ -80,6 +80,6 @@ class System:
     def describe(self) -> str:
         """One line for reports: '8x A100-80G per node, 8x RoCE v2 200 Gb/s'."""
         return (
-            f"{self.gpus_per_node}x {self.gpu.name} per node, {self.nics_per_node}x {self.nic.display_name}"
+            f"{self.gpus_per_node}x {self.gpu.name} per node, {self.nics_per_node:g}x {self.nic.display_name}"
             + (f", 1:{self.oversubscription:g} above {self.rack_gpus} GPUs" if self.oversubscription > 1 else "")
         )

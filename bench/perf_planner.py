@@ -1,0 +1,108 @@
+"""Performance-model speed and accuracy: layout search against a per-layout loop, the validation table,
+MegaScale's gain, and Holmes placement. Prints tables; run with ``python bench/perf_planner.py``."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from gpufleet.errors import ConfigError
+from gpufleet.perf.flops import RECOMPUTE_MODES
+from gpufleet.perf.ground_truth import read_cases
+from gpufleet.perf.hetero import plan_hetero
+from gpufleet.perf.model import load_model
+from gpufleet.perf.options import Layout, TrainOptions
+from gpufleet.perf.planner import _candidates, _valid, plan_layouts
+from gpufleet.perf.step import estimate_step
+from gpufleet.perf.system import System
+from gpufleet.perf.validate import error_summary, validate_cases
+from gpufleet.spec import load_cluster
+from gpufleet.spec.catalog import data_file
+
+
+def _loop_search(model, system, gpus, gbs):
+    """The naive planner: every candidate layout scored one at a time through the scalar API."""
+    cands = _candidates(model, gpus, gbs, model.seq, system.gpus_per_node, RECOMPUTE_MODES, 1)
+    valid = _valid(model, gbs, model.seq, cands)
+    best = (np.inf, None)
+    for i in np.flatnonzero(valid):
+        layout = Layout(tp=int(cands["tp"][i]), pp=int(cands["pp"][i]), dp=int(cands["dp"][i]), cp=1,
+                        mbs=int(cands["mbs"][i]), vp=int(cands["vp"][i]), recompute=RECOMPUTE_MODES[cands["rc"][i]])
+        try:
+            est = estimate_step(model, system, layout, gbs, check=False)
+        except ConfigError:
+            continue
+        if est.fits and est.step_time_s < best[0]:
+            best = (est.step_time_s, layout)
+    return int(valid.sum()), best
+
+
+def main() -> None:
+    console = Console(width=160)
+
+    speed = Table(title="Layout search: vectorised planner vs per-layout loop (same candidates, same model)")
+    for col in ("case", "candidates", "vectorised s", "loop s", "speed-up", "same best", "best layout"):
+        speed.add_column(col, justify="left" if col in ("case", "best layout") else "right")
+    for name, gpu, nic, gpus, gbs in (
+        ("gpt3-175b", "a100-80g", "roce-200g", 12288, 6144),
+        ("llama3-405b", "h100", "roce-400g", 16384, 2048),
+        ("gpt-7.5b", "a100-80g", "ib-hdr", 128, 512),
+    ):
+        model, system = load_model(name), System.build(gpu, nic)
+        t0 = time.perf_counter()
+        plan = plan_layouts(model, system, gpus, gbs, top=1, max_cp=1)
+        vec = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        n_valid, (loop_best, loop_layout) = _loop_search(model, system, gpus, gbs)
+        loop = time.perf_counter() - t0
+        same = abs(float(plan.table["step_time_s"][0]) - loop_best) < 1e-9
+        speed.add_row(f"{name} on {gpus} {gpu}", f"{plan.searched:,} ({n_valid:,} valid)", f"{vec:.3f}",
+                      f"{loop:.2f}", f"{loop / vec:.0f}x", str(same), plan.best.describe())
+    console.print(speed)
+    console.print("Calculon's exhaustive search for GPT-3 175B on 12,288 GPUs: about a minute (its README); "
+                  "hours on 2 cores (REFERENCES.md). Not run here.\n")
+
+    cases, skipped = read_cases()
+    t0 = time.perf_counter()
+    table = validate_cases(cases)
+    secs = time.perf_counter() - t0
+    acc = Table(title=f"Accuracy against published runs ({len(cases)} predicted rows, {secs:.1f} s)")
+    for col in ("subset", "rows", "mean error %", "max error %"):
+        acc.add_column(col, justify="left" if col == "subset" else "right")
+    for row in error_summary(table).iter_rows(named=True):
+        acc.add_row(row["subset"], str(row["rows"]), f"{row['mean_pct']:.2f}", f"{row['max_pct']:.2f}")
+    console.print(acc)
+    console.print(f"skipped rows: {', '.join(s.label for s in skipped)}\n")
+
+    gain = Table(title="MegaScale's optimisations vs Megatron-LM (GPT-175B, TP8 PP8 v6, A100, 8x200G RoCE)")
+    for col in ("GPUs", "gbs", "published MFU Megatron → MegaScale", "published gain", "predicted gain"):
+        gain.add_column(col, justify="right")
+    model = load_model("gpt3-175b", heads=128, vocab=64000)
+    system = System.build("a100-80g", "roce-200g")
+    base = TrainOptions(flash_attention=False)
+    for gpus, gbs, pub_base, pub_ms in ((1024, 768, 44.7, 59.0), (6144, 6144, 47.8, 57.3), (12288, 6144, 41.2, 55.2)):
+        layout = Layout(tp=8, pp=8, dp=gpus // 64, vp=6)
+        t_base = estimate_step(model, system, layout, gbs, options=base).step_time_s
+        t_ms = estimate_step(model, system, layout, gbs, options=TrainOptions.megascale()).step_time_s
+        gain.add_row(str(gpus), str(gbs), f"{pub_base} → {pub_ms}", f"{pub_ms / pub_base:.2f}x",
+                     f"{t_base / t_ms:.2f}x")
+    console.print(gain)
+    console.print("12,288-GPU MegaScale figure: 55.2 % MFU, 1.34x Megatron-LM (paper abstract).\n")
+
+    cluster = load_cluster(data_file("clusters/hetero-holmes.toml"))
+    t0 = time.perf_counter()
+    res = plan_hetero(load_model("gpt-7.5b"), cluster, 768)
+    het = Table(title=f"Holmes placement on 4 IB + 4 RoCE + 4 Ethernet A100 nodes, GPT-7.5B ({time.perf_counter() - t0:.2f} s)")
+    for col in ("placement", "layout", "step s", "tokens/s", "TFLOP/s/GPU", "vs naive"):
+        het.add_column(col, justify="left" if col in ("placement", "layout") else "right")
+    for row in res.summary.iter_rows(named=True):
+        het.add_row(row["placement"], row["layout"], f"{row['step_time_s']:.2f}", f"{row['tokens_per_s']:,.0f}",
+                    f"{row['tflops_per_gpu']:.1f}", f"{row['vs_naive']:.2f}x")
+    console.print(het)
+
+
+if __name__ == "__main__":
+    main()
