@@ -56,7 +56,7 @@ def main() -> None:
         plan = plan_layouts(model, system, gpus, gbs, top=1, max_cp=1)
         vec = time.perf_counter() - t0
         t0 = time.perf_counter()
-        n_valid, (loop_best, loop_layout) = _loop_search(model, system, gpus, gbs)
+        n_valid, (loop_best, _) = _loop_search(model, system, gpus, gbs)
         loop = time.perf_counter() - t0
         same = abs(float(plan.table["step_time_s"][0]) - loop_best) < 1e-9
         speed.add_row(f"{name} on {gpus} {gpu}", f"{plan.searched:,} ({n_valid:,} valid)", f"{vec:.3f}",
@@ -95,7 +95,8 @@ def main() -> None:
     cluster = load_cluster(data_file("clusters/hetero-holmes.toml"))
     t0 = time.perf_counter()
     res = plan_hetero(load_model("gpt-7.5b"), cluster, 768)
-    het = Table(title=f"Holmes placement on 4 IB + 4 RoCE + 4 Ethernet A100 nodes, GPT-7.5B ({time.perf_counter() - t0:.2f} s)")
+    secs = time.perf_counter() - t0
+    het = Table(title=f"Holmes placement on 4 IB + 4 RoCE + 4 Ethernet A100 nodes, GPT-7.5B ({secs:.2f} s)")
     for col in ("placement", "layout", "step s", "tokens/s", "TFLOP/s/GPU", "vs naive"):
         het.add_column(col, justify="left" if col in ("placement", "layout") else "right")
     for row in res.summary.iter_rows(named=True):

@@ -27,7 +27,7 @@ class GPUSpec(BaseModel):
     arch: Literal["pascal", "volta", "turing", "ampere", "ada", "hopper", "blackwell"] = Field(
         description="GPU generation; performance models key achieved-efficiency constants on it"
     )
-    dense_fp8_tflops: float | None = Field(default=None, gt=0, description="None: no fp8 tensor cores (before Ada/Hopper)")
+    dense_fp8_tflops: float | None = Field(default=None, gt=0, description="None: no fp8 tensor cores (pre-Ada)")
     dense_bf16_tflops: float | None = Field(default=None, gt=0, description="None: no bf16 support")
     dense_fp16_tflops: float = Field(gt=0, description="fp16 tensor-core peak (plain fp16 without them)")
     tf32_tflops: float | None = Field(default=None, gt=0, description="None: no TF32 (pre-Ampere)")
