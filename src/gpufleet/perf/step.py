@@ -23,6 +23,7 @@ from gpufleet.perf.efficiency import Efficiency, default_efficiency
 from gpufleet.perf.flops import (
     RECOMPUTE_MODES,
     attention_flops_per_token_layer,
+    embedding_params,
     gemm_flops_per_token_layer,
     hardware_flops_per_step,
     logit_flops_per_token,
@@ -142,7 +143,11 @@ def evaluate(
     pp_comm = pp_comm * (sw.pp_overlap_exposed if opt.pp_overlap else 1.0)
 
     # --- data-parallel gradient reduction (over DP x CP ranks, which hold the same weights) ---
-    stage_params = layers_per_stage * params_per_layer(model) + model.vocab * h
+    # one pipeline stage holds every embedding (input, output if untied, positions); deeper pipelines
+    # put the input embedding on the first stage and the output layer on the last
+    stage_params = layers_per_stage * params_per_layer(model) + np.where(
+        pp == 1, float(embedding_params(model)), float(model.vocab * h)
+    )
     params_gpu = stage_params / tp
     n_dp = dp * cp
     dp_per_node = np.clip(per_node / (tp), 1.0, n_dp)
