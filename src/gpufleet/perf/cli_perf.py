@@ -356,7 +356,7 @@ def _hetero(out: Console, err: Console, a: dict[str, Any], model: ModelSpec, clu
     try:
         from gpufleet.perf.hetero import plan_hetero
     except ModuleNotFoundError as exc:
-        if exc.name not in ("gpufleet.perf.hetero",):
+        if exc.name != "gpufleet.perf.hetero":  # a dependency of an existing module is missing: a real bug
             raise
         raise ConfigError(
             "heterogeneous planning unavailable: the training pools of this cluster use different NICs "
@@ -471,7 +471,7 @@ def _fmt_metric(kind: str, value: float) -> str:
     if kind == "mfu":
         return f"{100 * value:.1f} % MFU"
     if kind == "tflops_hfu_full":
-        return f"{value:.1f} TF/s (HFU)"
+        return f"{value:.1f} TF/s hfu"
     if kind == "tflops_model":
         return f"{value:.1f} TF/s"
     if kind == "tokens_per_s_per_gpu":
@@ -522,9 +522,10 @@ def run_validate(out: Console, err: Console, a: dict[str, Any]) -> None:
         })
         return
     rows = Table(title=f"predicted vs published: {path.name}", header_style="bold")
-    for col in ("row", "case", "group", "split", "layout (mbs/vp/recompute as predicted)", "measured", "predicted",
-                "error", "fits"):
-        rows.add_column(col, justify="right" if col in ("row", "measured", "predicted", "error") else "left")
+    for col in ("row", "case", "group", "split", "layout (as predicted)", "measured",
+                "predicted", "error", "fits"):
+        rows.add_column(col, justify="right" if col in ("row", "measured", "predicted", "error") else "left",
+                        no_wrap=col not in ("case", "group"))
     for r in table.iter_rows(named=True):
         err_pct = r["error_pct"]
         style = "red" if err_pct > 15 else "yellow" if err_pct > 10 else ""
