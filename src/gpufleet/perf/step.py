@@ -108,7 +108,7 @@ def evaluate(
     # kernel launches and host-side gaps of one layer's forward + backward (matter for small layers)
     t_layer_compute = 3.0 * t_fwd + t_recompute + sw.layer_overhead_us * 1e-6
 
-    # --- tensor-parallel collectives: 2 all-reduce equivalents forward, 2 backward, 2 more if full recompute ---
+    # --- tensor-parallel collectives (all-reduce equivalents): 2 forward, 2 backward, 2 more with full recompute ---
     act_bytes = tok * h * 2.0
     intra_bw = system.intra_node_bytes_per_s * (eff.intra.nvlink if system.gpu.has_nvlink else eff.intra.pcie)
     intra_alpha = eff.intra.alpha_us * 1e-6
@@ -119,7 +119,7 @@ def evaluate(
         act_bytes, tp, np.minimum(tp, per_node), intra_bw, nic_bw, intra_alpha, nic_alpha
     )
     n_coll = (4.0 + 2.0 * (rc == 2)) * (0.5 if opt.parallel_block else 1.0)
-    tp_layer = n_coll / 2.0 * tp_ar * (sw.tp_overlap_exposed if opt.tp_overlap else 1.0)
+    tp_layer = n_coll * tp_ar * (sw.tp_overlap_exposed if opt.tp_overlap else 1.0)
 
     # --- slowest stage: its layers plus the output layer and loss (Megatron keeps them on the last stage) ---
     # uneven splits put ceil(L / (pp·vp)) layers on each virtual chunk of the slowest stage
