@@ -25,7 +25,7 @@ from gpufleet.spec.catalog import data_file
 
 def _loop_search(model, system, gpus, gbs):
     """The naive planner: every candidate layout scored one at a time through the scalar API."""
-    cands = _candidates(model, gpus, gbs, model.seq, system.gpus_per_node, RECOMPUTE_MODES, 1)
+    cands = _candidates(model, gpus, system.gpus_per_node, RECOMPUTE_MODES, 1)
     valid = _valid(model, gbs, model.seq, cands)
     best = (np.inf, None)
     for i in np.flatnonzero(valid):

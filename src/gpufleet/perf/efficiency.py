@@ -11,6 +11,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from gpufleet.errors import SpecError
 from gpufleet.spec._toml import read_toml
 from gpufleet.spec._validation import spec_error
 from gpufleet.spec.catalog import data_file
@@ -99,8 +100,6 @@ def load_efficiency(path: str | Path) -> Efficiency:
     except ValidationError as exc:
         raise spec_error(exc, str(path), Efficiency) from None
     if "default" not in eff.compute:
-        from gpufleet.errors import SpecError
-
         raise SpecError(f"{path}: [compute.default] is missing; it covers GPU generations without their own table")
     return eff
 

@@ -11,7 +11,7 @@ by the rules in ``_SOURCES``: settings of a published run, not fitted constants.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +73,6 @@ class _Source:
     mbs: tuple[int, ...] | None = None  # None: published in the row, else the tuning candidates
     vp: tuple[int, ...] | None = None
     recompute: tuple[str, ...] | None = None  # None: from the row's recompute column
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 _MEGATRON_2021 = {"precision": "fp16", "flash_attention": False, "sequence_parallel": False, "zero": 0}

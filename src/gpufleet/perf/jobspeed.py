@@ -50,14 +50,14 @@ class JobSpeedModel:
         placed = System(self.system.gpu, self.system.nic, per_node, nic_share,  # type: ignore[arg-type]
                         self.system.rack_gpus, self.system.oversubscription)
         gbs = max(1, gpus * self.tokens_per_gpu_batch // self.model.seq)
-        gbs = 2 ** int(math.log2(gbs)) if gbs > 1 else 1
+        gbs = max(2 ** int(math.log2(gbs)) if gbs > 1 else 1, gpus)
         try:
-            plan = plan_layouts(self.model, placed, gpus, max(gbs, gpus), options=self.options,
+            plan = plan_layouts(self.model, placed, gpus, gbs, options=self.options,
                                 efficiency=self.efficiency, top=1, max_cp=1)
             row = plan.table.row(0, named=True)
         except (ConfigError, IndexError):
             return 0.0
-        return float(max(gbs, gpus) * self.model.seq / row["step_time_s"])
+        return float(gbs * self.model.seq / row["step_time_s"])
 
     def throughput(self, gpus: int, nodes: int | None = None) -> float:
         """Tokens per second on ``gpus`` GPUs over ``nodes`` nodes (default: packed); 0 if nothing fits."""

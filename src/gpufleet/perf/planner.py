@@ -58,7 +58,7 @@ def _divisors(n: int) -> list[int]:
 
 
 def _candidates(
-    model: ModelSpec, gpus: int, gbs: int, seq: int, max_tp: int, recompute: tuple[Recompute, ...], max_cp: int
+    model: ModelSpec, gpus: int, max_tp: int, recompute: tuple[Recompute, ...], max_cp: int
 ) -> dict[str, np.ndarray]:
     rows = []
     tps = [t for t in (1, 2, 4, 8, 16, 32, 64) if t <= max_tp and gpus % t == 0]
@@ -120,7 +120,7 @@ def plan_layouts(
         raise ConfigError("--gpus and the global batch must be positive")
     max_tp = max_tp or system.gpus_per_node
     max_cp = max_cp if max_cp is not None else (32 if s >= 8192 else 1)
-    cands = _candidates(model, gpus, gbs, s, max_tp, recompute, max_cp)
+    cands = _candidates(model, gpus, max_tp, recompute, max_cp)
     searched = len(cands["tp"])
     valid = _valid(model, gbs, s, cands)
     c = {k: v[valid] for k, v in cands.items()}

@@ -124,8 +124,7 @@ def evaluate(
     # --- slowest stage: its layers plus the output layer and loss (Megatron keeps them on the last stage) ---
     # uneven splits put ceil(L / (pp·vp)) layers on each virtual chunk of the slowest stage
     layers_per_stage = np.ceil(model.layers / (pp * vp)) * vp
-    logit_rate = peak16 * ce.gemm_efficiency(h / tp) if opt.precision != "fp8" else gemm_rate
-    t_logits = 3.0 * logit_flops_per_token(model) * tok / tp / logit_rate + 3.0 * 8.0 * vocab * tok / tp / mem_rate
+    t_logits = 3.0 * logit_flops_per_token(model) * tok / tp / gemm_rate + 3.0 * 8.0 * vocab * tok / tp / mem_rate
     compute_mb = layers_per_stage * t_layer_compute + t_logits
     tp_mb = layers_per_stage * tp_layer
     t_mb = compute_mb + tp_mb

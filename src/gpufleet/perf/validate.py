@@ -9,7 +9,7 @@ the planner picks (fastest that fits), as the authors would have tuned it.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import polars as pl
@@ -25,28 +25,21 @@ __all__ = ["error_summary", "is_calibration", "predict_case", "validate_cases"]
 #: Per GPU generation and network: A100 on InfiniBand (Korthikanti, Narayanan Table 1), A100 on RoCE
 #: (MegaScale's smallest and largest Megatron-LM runs, one MegaScale run), H100 on InfiniBand (three of
 #: the five Megatron-Core runs) and H100 fp8 (the Megatron-Bridge run).
-_CALIBRATION_RULES = (
-    ("Korthikanti 2022", None),
-    ("Narayanan 2021", "Narayanan21 (arXiv"),
-    ("MegaScale (Megatron-LM)", (256, 1024, 12288)),
-    ("MegaScale (MegaScale)", (1024,)),
-    ("Megatron-Core H100", (48, 768, 6144)),
-    ("Megatron-Bridge (fp8)", None),
-    ("MosaicML MPT (FSDP)", "A100"),
-)
+_CALIBRATION_RULES: dict[str, Callable[[Case], bool]] = {
+    "Korthikanti 2022": lambda case: True,
+    "Narayanan 2021": lambda case: case.source.startswith("Narayanan21 (arXiv"),  # Table 1
+    "MegaScale (Megatron-LM)": lambda case: "Tab" in case.source and case.gpus in (256, 1024, 12288),
+    "MegaScale (MegaScale)": lambda case: case.gpus == 1024,
+    "Megatron-Core H100": lambda case: case.gpus in (48, 768, 6144),
+    "Megatron-Bridge (fp8)": lambda case: True,
+    "MosaicML MPT (FSDP)": lambda case: "A100" in case.label,
+}
 
 
 def is_calibration(case: Case) -> bool:
     """Whether ``case`` belongs to the calibration subset (see ``_CALIBRATION_RULES``)."""
-    for group, sel in _CALIBRATION_RULES:
-        if case.group != group:
-            continue
-        if sel is None:
-            return True
-        if isinstance(sel, str):
-            return case.source.startswith(sel) or (group.startswith("MosaicML") and sel in case.label)
-        return case.gpus in sel and "Tab" in case.source if group.startswith("MegaScale") else case.gpus in sel
-    return False
+    rule = _CALIBRATION_RULES.get(case.group)
+    return rule is not None and rule(case)
 
 
 def _candidates(case: Case) -> list[tuple[int, int, int]]:
@@ -68,8 +61,7 @@ def predict_case(case: Case, efficiency: Efficiency | None = None) -> dict[str, 
         case.model, case.system, case.gbs, case.tp, case.pp, case.dp, case.cp, cands[:, 0], cands[:, 1], cands[:, 2],
         case.seq, case.options, eff,
     )
-    step = np.broadcast_to(out["step_time_s"], (len(cands),))
-    mem = np.broadcast_to(out["memory_gb"], (len(cands),))
+    step, mem, mfu = (np.broadcast_to(out[k], (len(cands),)) for k in ("step_time_s", "memory_gb", "mfu"))
     fits = mem <= case.system.gpu.memory_gb
     order = np.where(fits, step, step + 1e9)
     best = int(np.argmin(order))
@@ -82,7 +74,7 @@ def predict_case(case: Case, efficiency: Efficiency | None = None) -> dict[str, 
     elif case.target_kind == "tflops_model":
         predicted = model_flops_per_step(case.model, case.gbs, case.seq) / (t * n) / 1e12
     elif case.target_kind == "mfu":
-        predicted = float(np.broadcast_to(out["mfu"], (len(cands),))[best])
+        predicted = float(mfu[best])
     else:  # tokens_per_s_per_gpu
         predicted = case.gbs * case.seq / t / n
     return {
@@ -90,7 +82,7 @@ def predict_case(case: Case, efficiency: Efficiency | None = None) -> dict[str, 
         "vp": int(cands[best, 1]),
         "recompute": RECOMPUTE_MODES[int(cands[best, 2])],
         "step_time_s": t,
-        "mfu": float(np.broadcast_to(out["mfu"], (len(cands),))[best]),
+        "mfu": float(mfu[best]),
         "memory_gb": float(mem[best]),
         "fits": bool(fits[best]),
         "predicted": predicted,
