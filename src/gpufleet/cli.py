@@ -324,6 +324,104 @@ def traces_generate(
     err.print(f"{frame.height:,} jobs over {span_d:.1f} days written to {path}")
 
 
+@traces_app.command("inference")
+def traces_inference(
+    source: Annotated[str, typer.Argument(
+        help="genai (shape of the Alibaba GenAI serving trace, shipped), diurnal (cosine day), none, "
+        "or a CSV with columns time,servers_needed.")],
+    cluster: Annotated[Path | None, typer.Option(
+        help="Cluster TOML; its inference pools' nodes are the pool (default: the bundled cluster).")] = None,
+    days: Annotated[float, typer.Option(help="Days of load to build and summarise.")] = 14.0,
+    headroom: Annotated[float | None, typer.Option(
+        help="genai only: spare capacity kept above the busy GPUs [default: 0.2].")] = None,
+    step: Annotated[float | None, typer.Option(help="genai, diurnal: seconds per step [default: 300].")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+    csv_out: Annotated[Path | None, typer.Option(
+        "--csv", help="Write the steps (time_s, servers_needed, idle_servers) to this CSV.")] = None,
+    plot: Annotated[Path | None, typer.Option(
+        help="Write an HTML chart of servers needed and idle over time, and by hour of day.")] = None,
+) -> None:
+    """Servers the inference pool needs over time and how many sit idle (loanable to training, as in Aryl).
+
+    Examples: `gpufleet traces inference genai`, `gpufleet traces inference diurnal --days 7 --json`,
+    `gpufleet traces inference my_load.csv --plot load.html`.
+    """
+    from gpufleet.errors import SpecError
+    from gpufleet.traces import load_inference
+
+    if not (math.isfinite(days) and days > 0):
+        raise typer.BadParameter("--days must be a positive number")
+    spec = _load_cluster(cluster, None)
+    pools = spec.inference_pools
+    if not pools:
+        raise SpecError(f"cluster {spec.name!r} has no inference pool; add a [[pools]] table with "
+                        'kind = "inference" or pass --cluster with one')
+    pool_servers = sum(p.nodes for p in pools)
+    until_s = days * 86400.0
+    opts = {k: v for k, v in (("headroom", headroom), ("step_s", step)) if v is not None}
+    load = load_inference(source, pool_servers=pool_servers, until_s=until_s, **opts)
+    summary = {"source": source, "cluster": spec.name, "days": days, **load.describe(0.0, until_s)}
+    frame = load.to_frame()
+    frame = frame.filter(frame["time_s"] < until_s)
+    if csv_out is not None:
+        csv_out.parent.mkdir(parents=True, exist_ok=True)
+        frame.write_csv(csv_out)
+        err.print(f"{frame.height:,} steps written to {csv_out}")
+    if plot is not None:
+        _write_inference_plot(plot, frame, summary, until_s)
+        err.print(f"chart written to {plot}")
+    if as_json:
+        print(json.dumps({k: _clean(v) for k, v in summary.items()}, indent=2))
+        return
+    _print_inference(summary)
+
+
+def _print_inference(s: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"inference load '{s['name']}' on {s['cluster']}", show_header=False)
+    rows = [("pool", f"{s['pool_servers']:,} servers"), ("span", _fmt_s(s["end_s"] - s["start_s"])),
+            ("steps", f"{s['steps']:,}"), ("mean utilisation", f"{100 * s['mean_utilisation']:.1f} %"),
+            ("peak utilisation", f"{100 * s['peak_utilisation']:.1f} %"),
+            ("trough utilisation", f"{100 * s['trough_utilisation']:.1f} %"),
+            ("mean servers needed", f"{s['mean_servers_needed']:,.1f}"),
+            ("mean idle servers", f"{s['mean_idle_servers']:,.1f}")]
+    for key, value in rows:
+        table.add_row(key, value)
+    out.print(table)
+    blocks = "▁▂▃▄▅▆▇█"
+    hourly = Table(title="mean utilisation by hour of day (bars: 0-100 %)", header_style="bold")
+    for col in ("hours", "", "utilisation"):
+        hourly.add_column(col)
+    for first in range(0, 24, 6):
+        values = s["hourly_utilisation"][first:first + 6]
+        finite = [v for v in values if v is not None and math.isfinite(v)]
+        bar = "".join(blocks[min(7, int(v * 8))] if v is not None and math.isfinite(v) else "·" for v in values)
+        text = "  ".join(f"{100 * v:3.0f}%" if v is not None and math.isfinite(v) else "   —" for v in values)
+        hourly.add_row(f"{first:02d}-{first + 5:02d}", bar if finite else "", text)
+    out.print(hourly)
+
+
+def _write_inference_plot(path: Path, frame: Any, summary: dict[str, Any], until_s: float) -> None:
+    from gpufleet.report.html import figure_div, kv_table, page, section
+    from gpufleet.report.plots import grouped_bar, timeline_figure
+
+    t = frame["time_s"].to_numpy()
+    timeline = timeline_figure({"servers needed": (t, frame["servers_needed"].to_numpy()),
+                                "idle servers": (t, frame["idle_servers"].to_numpy())},
+                               title="Inference servers needed and idle", y_title="servers", end_time=until_s)
+    hours = [f"{h:02d}" for h in range(24)]
+    by_hour = grouped_bar(hours, {"mean utilisation": summary["hourly_utilisation"]}, title="By hour of day",
+                          y_title="share of the pool", x_title="hour of day", seconds=False)
+    context = {k: (f"{v:.3f}" if isinstance(v, float) else v) for k, v in summary.items() if k != "hourly_utilisation"}
+    body = [kv_table(context),
+            section("Over time", figure_div(timeline, div_id="timeline", include_plotlyjs=True),
+                    note="Idle servers are the ones capacity loaning can lend to training."),
+            section("Hour of day", figure_div(by_hour, div_id="hourly", include_plotlyjs=False))]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(page(f"Inference load: {summary['name']}", body), encoding="utf-8")
+
+
 # ---------------------------------------------------------------------------------------------- perf, plan
 class RecomputeMode(StrEnum):
     """Activation recomputation: none, selective (attention core only) or full (whole layer)."""

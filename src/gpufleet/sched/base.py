@@ -33,6 +33,8 @@ class Policy:
     scan_running: ClassVar[bool] = False
     #: a running job's key changes only through ``sim.rekey_running`` (so the heap entry holds it exactly)
     static_running_key: ClassVar[bool] = False
+    #: which simulator runs the policy: "gang" (fixed-size jobs, ``sim.engine``) or "elastic" (``sim.elastic``)
+    engine: ClassVar[str] = "gang"
     #: options this policy accepts (name -> default), set with ``--opt policy.name=value``
     options: ClassVar[dict[str, float | str]] = {}
 
@@ -97,7 +99,7 @@ def register(cls: type[Policy]) -> type[Policy]:
 
 def _load_builtin() -> None:
     # importing the modules runs their @register decorators
-    from gpufleet.sched import fifo, las, sjf, srtf, tiresias  # noqa: F401
+    from gpufleet.sched import aryl, fifo, las, sjf, srtf, tiresias  # noqa: F401
 
 
 def available_policies() -> dict[str, type[Policy]]:

@@ -29,13 +29,31 @@ class RunSpec:
     cluster: Any  # gpufleet.spec.ClusterSpec
     config: SimConfig = field(default_factory=SimConfig)
     policy_opts: Mapping[str, Any] = field(default_factory=dict)
+    inference: Any = None  # gpufleet.traces.inference.InferenceLoad: the inference pool's demand over time
+    elastic: Any = None  # gpufleet.sim.elastic_jobs.ElasticConfig for the Aryl family (None: defaults)
 
 
 def run_one(spec: RunSpec) -> SimResult:
     """Simulate one policy; the building block of every sweep."""
     policy = make_policy(spec.policy, **dict(spec.policy_opts))
+    if policy.engine == "elastic":
+        from gpufleet.sim.elastic import ElasticSimulator
+
+        return ElasticSimulator(spec.jobs, spec.cluster, policy, spec.config,  # type: ignore[arg-type]
+                                spec.elastic, spec.inference).run()
     sim = Simulator(Workload.from_frame(spec.jobs), partitions_for(spec.cluster), policy, spec.config)
-    return sim.run()
+    result = sim.run()
+    if spec.inference is not None and spec.cluster.inference_pools:
+        from gpufleet.sim.elastic import usage_over_window
+        from gpufleet.sim.servers import Servers
+
+        t = result.timeline["time_s"].to_numpy()
+        submit = result.jobs["submit_s"].to_numpy()
+        if len(t) and len(submit):
+            result.summary["usage"] = usage_over_window(t, result.timeline["busy_gpus"].to_numpy(), spec.inference,
+                                                        Servers(spec.cluster, 1.0), float(submit.min()),
+                                                        float(submit.max()))
+    return result
 
 
 def parse_policy_opts(items: Sequence[str], policies: Sequence[str]) -> dict[str, dict[str, Any]]:

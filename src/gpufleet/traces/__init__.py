@@ -1,7 +1,9 @@
 """Job traces: one canonical schema, readers for public trace formats, a synthetic generator.
 
 ``load_trace("philly")`` reads the bundled Microsoft Philly trace; ``load_trace(path)`` reads CSV or
-Parquet. Names are imported on first use so that ``import gpufleet.traces`` stays light.
+Parquet. ``load_inference("genai", pool_servers=96, until_s=...)`` gives the inference load (servers
+needed over time) that capacity loaning works against. Names are imported on first use so that
+``import gpufleet.traces`` stays light.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from gpufleet.traces.columns import parse_columns
     from gpufleet.traces.convert import write_trace
+    from gpufleet.traces.inference import InferenceLoad, diurnal_load, genai_load, load_inference, read_load_csv
     from gpufleet.traces.info import trace_info
     from gpufleet.traces.load import TraceLoad, bundled_trace_path, load_trace
     from gpufleet.traces.readers import TraceReader, get_reader, reader_names, register_reader
@@ -44,6 +47,11 @@ _EXPORTS = {
     "generate_jobs": "synthetic",
     "mean_duration_s": "synthetic",
     "rate_for_load": "synthetic",
+    "InferenceLoad": "inference",
+    "genai_load": "inference",
+    "diurnal_load": "inference",
+    "read_load_csv": "inference",
+    "load_inference": "inference",
 }
 
 __all__ = [
@@ -52,16 +60,21 @@ __all__ = [
     "ORIGIN_KEY",
     "PHILLY_GPU_MIX",
     "POLARS_SCHEMA",
+    "InferenceLoad",
     "TraceLoad",
     "TraceReader",
     "arrival_profile",
     "bundled_trace_path",
+    "diurnal_load",
+    "genai_load",
     "generate_jobs",
     "get_reader",
+    "load_inference",
     "load_trace",
     "mean_duration_s",
     "parse_columns",
     "rate_for_load",
+    "read_load_csv",
     "reader_names",
     "register_reader",
     "trace_info",

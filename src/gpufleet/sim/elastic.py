@@ -1,0 +1,673 @@
+"""The elastic simulator: two pools, inference servers loaned to training, jobs that grow and shrink (Aryl).
+
+Time jumps between events: job arrivals and completions, changes of the inference load (which loan or
+reclaim whole servers) and scheduling rounds every ``interval_s``. At every instant where something
+changed, phase 1 admits waiting jobs' base demands shortest first, scaling in flexible workers when a
+waiting job needs their GPUs. At each round, phase 2 gives the GPUs left over to elastic jobs through
+the policy's knapsack. A job's progress rate is ``T(effective workers) / T(base workers)`` from the
+scaling curve, where a worker on a loaned server counts ``loan_speed`` of a training-server worker; every
+change of a running job's workers pauses it for ``scale_pause_s``; a job preempted by a reclaim returns
+to the queue, loses the work since its last checkpoint and pays ``restart_s`` when it resumes.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from array import array
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from gpufleet.sched.aryl import ArylPolicy
+from gpufleet.sched.reclaim import ReclaimInstance
+from gpufleet.sim.config import SimConfig
+from gpufleet.sim.elastic_jobs import ElasticConfig, assign_elastic, loan_speed_from_catalog
+from gpufleet.sim.metrics import summarize, time_weighted_mean
+from gpufleet.sim.result import SimResult
+from gpufleet.sim.scaling import PowerLawCurve, ScalingCurve
+from gpufleet.sim.servers import HELD, LOANED, TRAINING, Servers
+from gpufleet.sim.workload import Workload
+
+PENDING, WAITING, RUNNING, DONE, UNSCHEDULABLE = 0, 1, 2, 3, 4
+_INF = math.inf
+
+
+class ElasticSimulator:
+    """One run of one Aryl-family policy over one trace on a two-pool cluster; call :meth:`run` once."""
+
+    def __init__(self, jobs: pl.DataFrame, cluster: Any, policy: ArylPolicy, config: SimConfig | None = None,
+                 elastic: ElasticConfig | None = None, inference: Any = None,
+                 curve: ScalingCurve | None = None) -> None:
+        self.config = config or SimConfig()
+        self.ecfg = elastic or ElasticConfig()
+        self.policy = policy
+        jobs = jobs.sort("submit_s", maintain_order=True)
+        self.workload = Workload.from_frame(jobs)
+        w = self.workload
+        n = len(w)
+        self.n = n
+        self.cluster = cluster
+        training = cluster.training_pools
+        if not training:
+            from gpufleet.errors import SpecError
+
+            raise SpecError(f"cluster '{cluster.name}' has no training pool")
+        inf_pools = cluster.inference_pools
+        ls = self.ecfg.loan_speed
+        if ls is None:
+            ls = loan_speed_from_catalog(training[0].gpu, inf_pools[0].gpu) if inf_pools else 1.0
+        self.loan_speed = ls
+        self.srv = Servers(cluster, ls)
+        self.inference = inference if inf_pools else None
+        self.loans = policy.loan and self.inference is not None
+        ej = assign_elastic(jobs, self.ecfg, max(p.gpus_per_node for p in training),
+                            elastic_override=None if policy.elastic else False)
+        self.g: list[int] = ej.gpus_per_worker.tolist()
+        self.wmin: list[int] = ej.min_workers.tolist()
+        self.wmax: list[int] = ej.max_workers.tolist()
+        self.curve = curve or PowerLawCurve()
+        self.submit: list[float] = w.submit.tolist()
+        self.duration: list[float] = w.duration.tolist()
+        self.gpus = [g * m for g, m in zip(self.g, self.wmin, strict=True)]
+        self.state = [PENDING] * n
+        self.remaining: list[float] = list(self.duration)
+        self.seg_start = [0.0] * n
+        self.seg_over = [0.0] * n
+        self.rate = [1.0] * n
+        self.base_rate_t = [self.curve.throughput(m) for m in self.wmin]
+        self.held_s = [0.0] * n
+        self.gpu_s = [0.0] * n
+        self.first_start = [math.nan] * n
+        self.finish = [math.nan] * n
+        self.preemptions = [0] * n
+        self.scale_events = [0] * n
+        self.lost = [0.0] * n
+        self.nbase = [0] * n
+        self.nflex = [0] * n
+        self.where: list[dict[int, None]] = [{} for _ in range(n)]
+        self._ver = [0] * n
+        self._events: list[tuple] = []
+        self._seq = 0
+        self._waiting: dict[tuple, list[tuple]] = {}
+        self._wver = [0] * n
+        self.running: dict[int, None] = {}
+        self.n_waiting = 0
+        self.busy = 0
+        self.busy_loaned = 0  # GPUs training holds on loaned servers
+        self.eff = [0.0] * n  # effective workers (loaned-server workers count loan_speed)
+        self.eff_flex = [0.0] * n
+        self.counters = {"reclaims": 0, "reclaim_preemptions": 0, "scale_events": 0, "loans": 0}
+        self._dirty = True
+        self.n_loaned = 0
+        self.held_gpus = self.srv.inference_gpus
+        self._mask_cache: dict[tuple[str | None, bool], np.ndarray] = {}
+        self._type_of: list[str | None] = [t.lower() if isinstance(t, str) else None for t in w.gpu_type]
+        self._resolve_schedulable()
+        self._tl = {k: array("d") for k in ("t", "busy", "loaned_used", "loaned", "inference", "queued", "running")}
+        policy.bind(self)  # type: ignore[arg-type]
+
+    # ------------------------------------------------------------------ setup
+    def _resolve_schedulable(self) -> None:
+        """Jobs whose base demand fits no training pool are reported and never queued."""
+        self.unschedulable: dict[str, int] = {}
+        srv = self.srv
+        for j in range(self.n):
+            mask = self._training_mask(self._type_of[j])
+            if not mask.any():
+                reason = f"no training pool of GPU type '{self._type_of[j]}'"
+            elif int((srv.cap[mask] // self.g[j]).sum()) < self.wmin[j]:
+                reason = "base demand exceeds every training pool"
+            else:
+                continue
+            self.state[j] = UNSCHEDULABLE
+            self.unschedulable[reason] = self.unschedulable.get(reason, 0) + 1
+
+    def _training_mask(self, gpu_type: str | None) -> np.ndarray:
+        m = self.srv.group == TRAINING
+        if gpu_type is not None:
+            m = m & (self.srv.gpu_type == gpu_type)
+        return m
+
+    def _mask(self, j: int, loaned: bool) -> np.ndarray:
+        """Servers job ``j`` may use: training servers of its GPU type (and loaned servers of any type)."""
+        t = self._type_of[j]
+        m = self.srv.group == TRAINING
+        if t is not None:
+            m &= self.srv.gpu_type == t
+        if loaned and self.loans:
+            m = m | (self.srv.group == LOANED)
+        return m
+
+    # ------------------------------------------------------------------ progress
+    def progress_now(self, j: int, now: float) -> float:
+        """Base-demand work job ``j`` has done in its current segment."""
+        p = (now - self.seg_start[j] - self.seg_over[j]) * self.rate[j]
+        return 0.0 if p <= 0.0 else min(p, self.remaining[j])
+
+    def _put(self, s: int, j: int, flexible: bool) -> None:
+        """One more worker of job ``j`` on server ``s``, with every counter that depends on it."""
+        g = self.g[j]
+        self.srv.add(s, j, g, flexible)
+        self.where[j][s] = None
+        sp = float(self.srv.speed[s])
+        self.eff[j] += sp
+        if flexible:
+            self.nflex[j] += 1
+            self.eff_flex[j] += sp
+        else:
+            self.nbase[j] += 1
+        self.busy += g
+        if self.srv.group[s] == LOANED:
+            self.busy_loaned += g
+
+    def _take(self, s: int, j: int, flexible: bool) -> None:
+        """One worker fewer of job ``j`` on server ``s``."""
+        g = self.g[j]
+        self.srv.remove(s, j, g, flexible)
+        if j not in self.srv.occ[s]:
+            del self.where[j][s]
+        sp = float(self.srv.speed[s])
+        self.eff[j] -= sp
+        if flexible:
+            self.nflex[j] -= 1
+            self.eff_flex[j] -= sp
+        else:
+            self.nbase[j] -= 1
+        self.busy -= g
+        if self.srv.group[s] == LOANED:
+            self.busy_loaned -= g
+
+    def _take_all_on(self, s: int, j: int) -> None:
+        b, f = self.srv.occ[s][j]
+        for _ in range(b):
+            self._take(s, j, False)
+        for _ in range(f):
+            self._take(s, j, True)
+
+    def _close_segment(self, j: int, now: float) -> None:
+        prog = self.progress_now(j, now)
+        held = now - self.seg_start[j]
+        self.held_s[j] += held
+        self.gpu_s[j] += held * self.g[j] * (self.nbase[j] + self.nflex[j])
+        self.remaining[j] -= prog
+        self.seg_over[j] = max(0.0, self.seg_over[j] - held)
+        self.seg_start[j] = now
+
+    def _new_segment(self, j: int, now: float, pause: float) -> None:
+        """Start a segment with the job's current workers; schedule its completion."""
+        self.seg_start[j] = now
+        self.seg_over[j] = max(self.seg_over[j], pause)
+        self.rate[j] = self.curve.throughput(self.eff[j]) / self.base_rate_t[j]
+        fin = now + self.seg_over[j] + self.remaining[j] / self.rate[j]
+        self._ver[j] += 1
+        self._seq += 1
+        heapq.heappush(self._events, (fin, 0, self._seq, j, self._ver[j]))
+
+    def _rescaled(self, j: int, now: float) -> None:
+        """Job ``j``'s workers changed while it ran: account the old segment, pause, continue."""
+        self.scale_events[j] += 1
+        self.counters["scale_events"] += 1
+        self._new_segment(j, now, self.ecfg.scale_pause_s)
+
+    # ------------------------------------------------------------------ waiting queue
+    def _push_waiting(self, j: int) -> None:
+        key = self.policy.waiting_key(j, 0.0)
+        ck = (self.wmin[j], self.g[j], self._type_of[j] or "")
+        h = self._waiting.setdefault(ck, [])
+        self._seq += 1
+        heapq.heappush(h, (key, self._seq, j, self._wver[j]))
+
+    def _head(self, ck: tuple) -> tuple | None:
+        h = self._waiting[ck]
+        while h and (h[0][3] != self._wver[h[0][2]] or self.state[h[0][2]] != WAITING):
+            heapq.heappop(h)
+        return h[0] if h else None
+
+    # ------------------------------------------------------------------ placement
+    def _release_all(self, j: int) -> None:
+        for s in list(self.where[j]):
+            self._take_all_on(s, j)
+        self.eff[j] = self.eff_flex[j] = 0.0  # drop float residue
+
+    def _evict_flex(self, s: int, need: int, now: float, touched: set[int]) -> None:
+        """Scale in flexible workers on server ``s`` until it has ``need`` free GPUs."""
+        srv = self.srv
+        for v in sorted(srv.occ[s], key=lambda x: (-srv.occ[s][x][1], x)):
+            while srv.occ[s].get(v, (0, 0))[1] > 0 and srv.free[s] < need:
+                if v not in touched:
+                    self._close_segment(v, now)
+                    touched.add(v)
+                self._take(s, v, True)
+            if srv.free[s] >= need:
+                return
+
+    def _admit(self, j: int, now: float) -> bool:
+        """Place job ``j``'s base demand (training servers first, scaling in flexible workers if needed)."""
+        srv = self.srv
+        g, w = self.g[j], self.wmin[j]
+        train = self._mask(j, loaned=False)
+        allm = self._mask(j, loaned=True)
+        if srv.slots(g, allm, with_flex=False) < w and srv.slots(g, allm, with_flex=True) < w:
+            return False
+        loaned = allm & ~train
+        touched: set[int] = set()
+        for _ in range(w):
+            s = srv.best_fit(g, train, False)
+            if s < 0:
+                s = srv.best_fit(g, train, True)
+                if s >= 0:
+                    self._evict_flex(s, g, now, touched)
+            if s < 0 and self.loans:
+                s = srv.best_fit(g, loaned, False)
+                if s < 0:
+                    s = srv.best_fit(g, loaned, True)
+                    if s >= 0:
+                        self._evict_flex(s, g, now, touched)
+            assert s >= 0, "slot count said the base demand fits"
+            self._put(s, j, False)
+        for v in touched:
+            self._rescaled(v, now)
+        self._start(j, now)
+        return True
+
+    def _start(self, j: int, now: float) -> None:
+        self._wver[j] += 1
+        self.state[j] = RUNNING
+        self.n_waiting -= 1
+        self.running[j] = None
+        if self.first_start[j] != self.first_start[j]:
+            self.first_start[j] = now
+        self.seg_over[j] = 0.0
+        pause = self.config.restart_s if self.preemptions[j] else 0.0
+        self._new_segment(j, now, pause)
+
+    # ------------------------------------------------------------------ phase 1
+    def _phase1(self, now: float) -> None:
+        if not self.n_waiting:
+            return
+        heads = []
+        for ck in list(self._waiting):
+            e = self._head(ck)
+            if e is not None:
+                heads.append((e, ck))
+        heads.sort()
+        while heads:
+            entry, ck = heads.pop(0)
+            j = entry[2]
+            if self._admit(j, now):
+                e = self._head(ck)
+                if e is not None:
+                    heads.append((e, ck))
+                    heads.sort()
+            # a class whose best job does not fit is skipped: its other jobs are the same size
+
+    # ------------------------------------------------------------------ phase 2
+    def _phase2(self, now: float) -> None:
+        """Knapsack round: leftover GPUs to elastic running jobs' extra workers."""
+        srv = self.srv
+        cand = [j for j in self.running if self.wmax[j] > self.wmin[j]]
+        if not cand:
+            return
+        usable = srv.usable(self.loans)
+        free_train = int(srv.free[usable & (srv.group == TRAINING)].sum() + srv.flex[usable & (srv.group == TRAINING)].sum())
+        free_loan = int(srv.free[usable & (srv.group == LOANED)].sum() + srv.flex[usable & (srv.group == LOANED)].sum())
+        capacity = free_train + free_loan
+        if capacity <= 0:
+            return
+        factor = (free_train + self.loan_speed * free_loan) / capacity
+        idx = np.array(cand)
+        g = np.array([self.g[j] for j in cand])
+        extra_now = np.array([self.nflex[j] for j in cand])
+        extra_max = np.minimum(np.array([self.wmax[j] - self.wmin[j] for j in cand]), capacity // g)
+        extra_max = np.maximum(extra_max, extra_now)
+        rem = np.array([self.remaining[j] - self.progress_now(j, now) for j in cand])
+        rate = np.array([self.rate[j] for j in cand])
+        base_eff = np.array([self.eff[j] - self.eff_flex[j] for j in cand])
+        base_w = np.array([self.wmin[j] for j in cand], dtype=np.float64)
+        choice = self.policy.extra_workers(
+            rem, rate, base_eff, base_w, extra_now, extra_max, g, capacity, factor,
+            self.ecfg.scale_pause_s, self._throughput_vec,
+        )
+        del idx
+        changed: set[int] = set()
+        # shrink first (training servers first, so flexible workers stay on loaned servers)
+        for j, k in zip(cand, choice.tolist(), strict=True):
+            if k < self.nflex[j]:
+                self._close_segment(j, now)
+                self._drop_flex(j, self.nflex[j] - k)
+                changed.add(j)
+        # then grow, biggest workers first (best-fit decreasing), loaned servers first
+        grow = sorted((j for j, k in zip(cand, choice.tolist(), strict=True) if k > self.nflex[j]),
+                      key=lambda x: (-self.g[x], x))
+        want = dict(zip(cand, choice.tolist(), strict=True))
+        for j in grow:
+            first = True
+            mask_loan = self._mask(j, True) & (srv.group == LOANED)
+            mask_train = self._mask(j, False)
+            while self.nflex[j] < want[j]:
+                s = srv.best_fit(self.g[j], mask_loan, False) if self.loans else -1
+                if s < 0:
+                    s = srv.best_fit(self.g[j], mask_train, False)
+                if s < 0:
+                    break
+                if first:
+                    self._close_segment(j, now)
+                    first = False
+                self._put(s, j, True)
+                changed.add(j)
+        for j in changed:
+            self._rescaled(j, now)
+
+    def _throughput_vec(self, w: np.ndarray) -> np.ndarray:
+        curve = self.curve
+        if isinstance(curve, PowerLawCurve):
+            return np.where(w > 0, np.maximum(w, 0.0) ** curve.alpha, 0.0)
+        return np.array([curve.throughput(float(x)) for x in np.atleast_1d(w)])
+
+    def _drop_flex(self, j: int, count: int) -> None:
+        """Remove ``count`` flexible workers of ``j``: training servers first, then loaned ones."""
+        srv = self.srv
+        order = sorted(self.where[j], key=lambda s: (srv.group[s] != TRAINING, s))
+        for s in order:
+            while count and srv.occ[s].get(j, (0, 0))[1] > 0:
+                self._take(s, j, True)
+                count -= 1
+            if not count:
+                return
+
+    # ------------------------------------------------------------------ loaning and reclaiming
+    def _apply_load(self, servers_needed: int, now: float) -> None:
+        srv = self.srv
+        pool = len(srv.inference_ids)
+        target = max(0, pool - servers_needed) if self.loans else 0
+        loaned = srv.loaned
+        if len(loaned) < target:
+            held = srv.inference_ids[srv.group[srv.inference_ids] == HELD]
+            take = held[::-1][: target - len(loaned)]
+            srv.group[take] = LOANED
+            self.counters["loans"] += len(take)
+            self.n_loaned += len(take)
+            self.held_gpus -= int(srv.cap[take].sum())
+        elif len(loaned) > target:
+            self._reclaim(loaned, len(loaned) - target, now)
+
+    def _reclaim(self, loaned: np.ndarray, count: int, now: float) -> None:
+        srv = self.srv
+        on_server = {int(s): {j: b + f for j, (b, f) in srv.occ[s].items()} for s in loaned}
+        jobs = {j for occ in on_server.values() for j in occ}
+        ckpt = self.config.checkpoint_interval_s
+        lost = {}
+        for j in jobs:
+            done = self.duration[j] - self.remaining[j] + self.progress_now(j, now)
+            kept = math.floor(done / ckpt) * ckpt if ckpt > 0 else done
+            lost[j] = (done - kept) * self.gpus[j]
+        inst = ReclaimInstance(
+            servers=tuple(int(s) for s in loaned),
+            on_server=on_server,
+            workers={j: self.nbase[j] + self.nflex[j] for j in jobs},
+            min_workers={j: self.wmin[j] for j in jobs},
+            gpus_used={int(s): int(srv.cap[s] - srv.free[s]) for s in loaned},
+            lost_work=lost,
+        )
+        back = self.policy.servers_to_return(inst, count, seed=self.ecfg.seed + self.counters["reclaims"])
+        self.counters["reclaims"] += len(back)
+        hit: set[int] = set()
+        for s in back:
+            for j in list(srv.occ[s]):
+                if j not in hit:
+                    self._close_segment(j, now)
+                    hit.add(j)
+                self._take_all_on(s, j)
+            srv.group[s] = HELD
+            self.n_loaned -= 1
+            self.held_gpus += int(srv.cap[s])
+        for j in sorted(hit):
+            if self.nbase[j] + self.nflex[j] < self.wmin[j]:
+                self._preempt(j, now)
+            else:
+                self._rebalance_base(j)
+                self._rescaled(j, now)
+
+    def _rebalance_base(self, j: int) -> None:
+        """After losing base workers, make flexible workers elsewhere base workers again."""
+        srv = self.srv
+        for s in self.where[j]:
+            while self.nbase[j] < self.wmin[j] and srv.occ[s][j][1] > 0:
+                srv.occ[s][j][1] -= 1
+                srv.occ[s][j][0] += 1
+                srv.flex[s] -= self.g[j]
+                self.nflex[j] -= 1
+                self.nbase[j] += 1
+                self.eff_flex[j] -= float(srv.speed[s])
+
+    def _preempt(self, j: int, now: float) -> None:
+        """A reclaim took part of job ``j``'s base demand: back to the queue from its last checkpoint."""
+        self._release_all(j)
+        del self.running[j]
+        self._ver[j] += 1
+        dur = self.duration[j]
+        done = dur - self.remaining[j]
+        ckpt = self.config.checkpoint_interval_s
+        if ckpt > 0 and self.ecfg.reclaim_notice_s <= 0:
+            kept = math.floor(done / ckpt) * ckpt
+            self.lost[j] += done - kept
+            self.remaining[j] = dur - kept
+        self.preemptions[j] += 1
+        self.counters["reclaim_preemptions"] += 1
+        self.seg_over[j] = 0.0
+        self.state[j] = WAITING
+        self.n_waiting += 1
+        self._wver[j] += 1
+        self._push_waiting(j)
+
+    def _finish(self, j: int, now: float) -> None:
+        self._close_segment(j, now)
+        self._release_all(j)
+        del self.running[j]
+        self.remaining[j] = 0.0
+        self.state[j] = DONE
+        self.finish[j] = now
+
+    # ------------------------------------------------------------------ main loop
+    def run(self) -> SimResult:
+        """Simulate until every schedulable job has finished; Ctrl-C stops early with partial results."""
+        wall0 = time.perf_counter()
+        interrupted = False
+        try:
+            self._loop()
+        except KeyboardInterrupt:
+            interrupted = True
+        return self._result(time.perf_counter() - wall0, interrupted)
+
+    def _loop(self) -> None:
+        n = self.n
+        submit = self.submit
+        state = self.state
+        events = self._events
+        load = self.inference
+        if load is not None:
+            lt = (np.asarray(load.time_s, dtype=np.float64) - self.ecfg.reclaim_notice_s).tolist()
+            lv = np.asarray(load.servers, dtype=np.int64).tolist()
+        else:
+            lt, lv = [], []
+        li = 0
+        interval = self.ecfg.interval_s
+        elastic = self.policy.elastic
+        next_round = (submit[0] if n else 0.0) + interval
+        a = 0
+        count = 0
+        while True:
+            while a < n and state[a] == UNSCHEDULABLE:
+                a += 1
+            pending = a < n or self.running or self.n_waiting
+            if not pending:
+                break
+            ta = submit[a] if a < n else _INF
+            te = events[0][0] if events else _INF
+            tl = lt[li] if li < len(lt) else _INF
+            tr = next_round if elastic else _INF
+            t = min(ta, te, tl, tr)
+            if t == _INF:
+                break
+            t = max(t, 0.0) if t < 0 else t
+            changed = False
+            while events and events[0][0] <= t:
+                _, _, _, j, ver = heapq.heappop(events)
+                if ver == self._ver[j] and state[j] == RUNNING:
+                    self._finish(j, t)
+                    changed = True
+            while li < len(lt) and lt[li] <= t:
+                self._apply_load(lv[li], t)
+                li += 1
+                changed = True
+            while a < n and submit[a] <= t:
+                if state[a] == PENDING:
+                    state[a] = WAITING
+                    self.n_waiting += 1
+                    self._push_waiting(a)
+                    changed = True
+                a += 1
+            if changed:
+                self._dirty = True
+                self._phase1(t)
+            if elastic and t >= next_round:
+                if self._dirty:
+                    self._phase2(t)
+                    self._dirty = False
+                next_round = t + interval
+            count += 1
+            self._record(t)
+            if self.config.debug:
+                self.check_invariants()
+            if not self.running and not self.n_waiting and a >= n:
+                break
+        self.events_processed = count
+
+    def _record(self, t: float) -> None:
+        tl = self._tl
+        vals = (t, self.busy, self.busy_loaned, self.n_loaned, self.held_gpus, self.n_waiting, len(self.running))
+        if tl["t"] and tl["t"][-1] == t:
+            for k, v in zip(tl, vals, strict=True):
+                tl[k][-1] = v
+            return
+        for k, v in zip(tl, vals, strict=True):
+            tl[k].append(v)
+
+    # ------------------------------------------------------------------ invariants (debug mode)
+    def check_invariants(self) -> None:
+        """Raise AssertionError if the cluster state is impossible."""
+        srv = self.srv
+        assert (srv.free >= 0).all() and (srv.free <= srv.cap).all()
+        held = srv.group == HELD
+        assert (srv.free[held] == srv.cap[held]).all(), "a server held by inference runs training workers"
+        used = 0
+        for j in self.running:
+            assert self.state[j] == RUNNING
+            assert self.nbase[j] == self.wmin[j], f"job {j} runs below or above its base demand"
+            assert self.nflex[j] <= self.wmax[j] - self.wmin[j]
+            assert all(j in srv.occ[s] for s in self.where[j]), f"job {j}: server bookkeeping out of step"
+            tot = sum(sum(srv.occ[s][j]) for s in self.where[j])
+            assert tot == self.nbase[j] + self.nflex[j]
+            used += tot * self.g[j]
+        assert used == self.busy == int((srv.cap - srv.free).sum())
+        loaned = srv.group == LOANED
+        assert self.busy_loaned == int((srv.cap[loaned] - srv.free[loaned]).sum())
+        assert self.n_loaned == int(loaned.sum())
+        for j in self.running:
+            assert abs(self.eff[j] - sum(sum(srv.occ[s][j]) * srv.speed[s] for s in self.where[j])) < 1e-6
+            assert abs(self.eff_flex[j] - sum(srv.occ[s][j][1] * srv.speed[s] for s in self.where[j])) < 1e-6
+        flex = np.zeros_like(srv.flex)
+        for s, occ in enumerate(srv.occ):
+            flex[s] = sum(f * self.g[j] for j, (_, f) in occ.items())
+        assert (flex == srv.flex).all()
+
+    # ------------------------------------------------------------------ results
+    def _result(self, wall: float, interrupted: bool) -> SimResult:
+        w = self.workload
+        now = self._tl["t"][-1] if self._tl["t"] else 0.0
+        for j in list(self.running):  # unfinished runs count the time held so far
+            self._close_segment(j, now)
+        finish = np.array(self.finish)
+        jct = finish - w.submit
+        held = np.array(self.held_s)
+        jobs = pl.DataFrame(
+            {
+                "job_id": w.job_id,
+                "vc": w.vc,
+                "num_gpus": w.gpus,
+                "submit_s": w.submit,
+                "duration_s": w.duration,
+                "start_s": np.array(self.first_start),
+                "finish_s": finish,
+                "jct_s": jct,
+                "queue_s": jct - held,
+                "preemptions": np.array(self.preemptions, dtype=np.int64),
+                "scale_events": np.array(self.scale_events, dtype=np.int64),
+                "max_workers": np.array(self.wmax, dtype=np.int64),
+                "min_workers": np.array(self.wmin, dtype=np.int64),
+            },
+            schema_overrides={"vc": pl.Utf8, "job_id": pl.Utf8},
+        )
+        tl = {k: np.frombuffer(v, dtype=np.float64) for k, v in self._tl.items()}
+        timeline = pl.DataFrame(
+            {
+                "time_s": tl["t"],
+                "busy_gpus": tl["busy"].astype(np.int64),
+                "queued_jobs": tl["queued"].astype(np.int64),
+                "running_jobs": tl["running"].astype(np.int64),
+                "loaned_servers": tl["loaned"].astype(np.int64),
+                "loaned_gpus_used": tl["loaned_used"].astype(np.int64),
+                "inference_gpus": tl["inference"].astype(np.int64),
+            }
+        )
+        meta: dict[str, Any] = {
+            "events": self.events_processed if hasattr(self, "events_processed") else 0,
+            "interrupted": interrupted,
+            "unschedulable": dict(self.unschedulable),
+            "lost_work_gpu_s": float(sum(lo * g for lo, g in zip(self.lost, self.gpus, strict=True))),
+            "config": self.config,
+            "elastic": self.ecfg,
+            "loan_speed": self.loan_speed,
+        }
+        total = self.srv.training_gpus
+        summary = summarize(self.policy.name, jobs, timeline, total, wall, meta)
+        summary.update(self._aryl_metrics(timeline))
+        return SimResult(self.policy.name, summary, jobs, timeline, total, meta)
+
+    def _aryl_metrics(self, timeline: pl.DataFrame) -> dict[str, Any]:
+        t = timeline["time_s"].to_numpy()
+        start, end = self.submit[0], self.submit[-1]
+        loaned_used = time_weighted_mean(t, timeline["loaned_gpus_used"].to_numpy(), t[0], t[-1]) * (t[-1] - t[0])
+        out = {
+            "usage": usage_over_window(t, timeline["busy_gpus"].to_numpy(), self.inference, self.srv, start, end),
+            "loaned_gpu_hours": float(loaned_used / 3600.0),
+            "reclaims": self.counters["reclaims"],
+            "reclaim_preemptions": self.counters["reclaim_preemptions"],
+            "scale_events": self.counters["scale_events"],
+            "elastic_jobs": int(sum(1 for a, b in zip(self.wmin, self.wmax, strict=True) if b > a)),
+        }
+        return out
+
+
+def usage_over_window(time_s: np.ndarray, busy_gpus: np.ndarray, inference: Any, servers: Any,
+                      start: float, end: float) -> float:
+    """GPU-time allocated to training and to inference over the capacity of both pools, in [start, end].
+
+    Measured over the trace's arrival window so that the drain after the last arrival does not dilute it.
+    Inference holds ``servers_needed x GPUs per server`` of its load; with no load, the inference pool
+    counts as fully held.
+    """
+    if end <= start:
+        return float("nan")
+    train = time_weighted_mean(time_s, busy_gpus, start, end)
+    per_server = int(servers.cap[servers.inference_ids].max()) if len(servers.inference_ids) else 0
+    if inference is None or not per_server:
+        inf = servers.inference_gpus
+    else:
+        inf = time_weighted_mean(np.asarray(inference.time_s, dtype=np.float64),
+                                 np.asarray(inference.servers, dtype=np.float64) * per_server, start, end)
+    cap = servers.training_gpus + servers.inference_gpus
+    return float((train + inf) / cap) if cap else float("nan")
