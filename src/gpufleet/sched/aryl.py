@@ -95,11 +95,11 @@ class ArylPolicy(Policy):
         weights = [weight[i, : int(extra_max[i]) + 1] for i in live]
         solver = self.opts["solver"]
         if solver == "dp":
-            _, picked = solve_mckp(values, weights, capacity)
+            _, picked = solve_mckp(values, weights, capacity, check=False)
         elif solver == "greedy":
             _, picked = greedy_mckp(values, weights, capacity)
         else:
-            _, picked = solve(values, weights, capacity)
+            _, picked = solve(values, weights, capacity, check=False)
         choice[live] = picked
         return np.asarray(choice, dtype=np.int64)
 

@@ -66,7 +66,8 @@ def _validate(values: Sequence[np.ndarray], weights: Sequence[np.ndarray], capac
     return vals, wts
 
 
-def solve_mckp(values: Sequence[np.ndarray], weights: Sequence[np.ndarray], capacity: int) -> tuple[float, list[int]]:
+def solve_mckp(values: Sequence[np.ndarray], weights: Sequence[np.ndarray], capacity: int, *,
+               check: bool = True) -> tuple[float, list[int]]:
     """Pick exactly one item per class maximising total value with total weight <= capacity.
 
     Class ``i`` has items ``k = 0..K_i-1`` with float ``values[i][k]`` (negative allowed) and non-negative
@@ -84,9 +85,13 @@ def solve_mckp(values: Sequence[np.ndarray], weights: Sequence[np.ndarray], capa
     from running the DP backwards, storing the *first* maximising item per cell, and reconstructing forwards.
 
     Returns ``(value, choice)``: the optimal value (summed exactly over the chosen items) and the chosen item
-    index per class.
+    index per class. ``check=False`` skips input validation, for callers that build valid float64 / int64
+    arrays themselves (the simulator calls this thousands of times per run).
     """
-    vals, wts = _validate(values, weights, capacity)
+    if check:
+        vals, wts = _validate(values, weights, capacity)
+    else:
+        vals, wts = list(values), list(weights)
     n = len(vals)
     cap = int(capacity)
     if n == 0:
@@ -96,16 +101,16 @@ def solve_mckp(values: Sequence[np.ndarray], weights: Sequence[np.ndarray], capa
     cols = np.arange(cap + 1)
     best = np.zeros(cap + 1)  # g_n: no classes left, value 0 at every capacity
     for i in range(n - 1, -1, -1):
-        fits = wts[i] <= cap
-        idx = np.flatnonzero(fits)  # items that can ever be taken, in increasing index order
-        w = wts[i][idx]
-        pad = int(w.max())
-        # padded[pad + c] = best[c], -inf to the left, so padded[pad + c - w] is -inf where c < w
-        padded = np.concatenate((np.full(pad, -np.inf), best))
-        cand = vals[i][idx][:, None] + padded[(pad - w)[:, None] + cols[None, :]]
+        v, w = vals[i], wts[i]
+        # cand[k, c] = v[k] + best[c - w[k]], -inf where the item does not fit; built by slicing, no gather
+        cand = np.full((v.size, cap + 1), -np.inf)
+        for k in range(v.size):
+            wk = int(w[k])
+            if wk <= cap:
+                cand[k, wk:] = best[: cap + 1 - wk] + v[k]
         first = np.argmax(cand, axis=0)  # argmax returns the first maximum: the smallest item index on ties
         best = cand[first, cols]
-        choice[i] = idx[first]
+        choice[i] = first
     picked: list[int] = []
     c = cap
     for i in range(n):
@@ -183,7 +188,8 @@ def greedy_mckp(values: Sequence[np.ndarray], weights: Sequence[np.ndarray], cap
 
 
 def solve(
-    values: Sequence[np.ndarray], weights: Sequence[np.ndarray], capacity: int, max_cells: int = 5_000_000
+    values: Sequence[np.ndarray], weights: Sequence[np.ndarray], capacity: int, max_cells: int = 5_000_000,
+    *, check: bool = True,
 ) -> tuple[float, list[int]]:
     """Solve MCKP exactly with :func:`solve_mckp` when the DP is small enough, else with :func:`greedy_mckp`.
 
@@ -192,5 +198,5 @@ def solve(
     """
     cells = sum(int(np.size(v)) for v in values) * int(capacity)
     if cells <= max_cells:
-        return solve_mckp(values, weights, capacity)
+        return solve_mckp(values, weights, capacity, check=check)
     return greedy_mckp(values, weights, capacity)

@@ -103,7 +103,7 @@ class ElasticSimulator:
         self._dirty = True
         self.n_loaned = 0
         self.held_gpus = self.srv.inference_gpus
-        self._mask_cache: dict[tuple[str | None, bool], np.ndarray] = {}
+        self._masks: dict[tuple[str | None, bool], np.ndarray] = {}
         self._type_of: list[str | None] = [t.lower() if isinstance(t, str) else None for t in w.gpu_type]
         self._resolve_schedulable()
         self._tl = {k: array("d") for k in ("t", "busy", "loaned_used", "loaned", "inference", "queued", "running")}
@@ -134,11 +134,15 @@ class ElasticSimulator:
     def _mask(self, j: int, loaned: bool) -> np.ndarray:
         """Servers job ``j`` may use: training servers of its GPU type (and loaned servers of any type)."""
         t = self._type_of[j]
-        m = self.srv.group == TRAINING
-        if t is not None:
-            m &= self.srv.gpu_type == t
-        if loaned and self.loans:
-            m = m | (self.srv.group == LOANED)
+        key = (t, loaned and self.loans)
+        m = self._masks.get(key)
+        if m is None:
+            m = self.srv.group == TRAINING
+            if t is not None:
+                m &= self.srv.gpu_type == t
+            if key[1]:
+                m = m | (self.srv.group == LOANED)
+            self._masks[key] = m
         return m
 
     # ------------------------------------------------------------------ progress
@@ -248,6 +252,11 @@ class ElasticSimulator:
         """Place job ``j``'s base demand (training servers first, scaling in flexible workers if needed)."""
         srv = self.srv
         g, w = self.g[j], self.wmin[j]
+        room = srv.free_in[TRAINING] + srv.flex_in[TRAINING]
+        if self.loans:
+            room += srv.free_in[LOANED] + srv.flex_in[LOANED]
+        if room < g * w:  # cheap necessary condition first: most attempts in a busy cluster fail here
+            return False
         train = self._mask(j, loaned=False)
         allm = self._mask(j, loaned=True)
         if srv.slots(g, allm, with_flex=False) < w and srv.slots(g, allm, with_flex=True) < w:
@@ -311,27 +320,24 @@ class ElasticSimulator:
         cand = [j for j in self.running if self.wmax[j] > self.wmin[j]]
         if not cand:
             return
-        usable = srv.usable(self.loans)
-        free_train = int(srv.free[usable & (srv.group == TRAINING)].sum() + srv.flex[usable & (srv.group == TRAINING)].sum())
-        free_loan = int(srv.free[usable & (srv.group == LOANED)].sum() + srv.flex[usable & (srv.group == LOANED)].sum())
+        free_train = srv.free_in[TRAINING] + srv.flex_in[TRAINING]
+        free_loan = srv.free_in[LOANED] + srv.flex_in[LOANED] if self.loans else 0
         capacity = free_train + free_loan
         if capacity <= 0:
             return
         factor = (free_train + self.loan_speed * free_loan) / capacity
-        idx = np.array(cand)
-        g = np.array([self.g[j] for j in cand])
-        extra_now = np.array([self.nflex[j] for j in cand])
-        extra_max = np.minimum(np.array([self.wmax[j] - self.wmin[j] for j in cand]), capacity // g)
-        extra_max = np.maximum(extra_max, extra_now)
-        rem = np.array([self.remaining[j] - self.progress_now(j, now) for j in cand])
-        rate = np.array([self.rate[j] for j in cand])
-        base_eff = np.array([self.eff[j] - self.eff_flex[j] for j in cand])
-        base_w = np.array([self.wmin[j] for j in cand], dtype=np.float64)
+        rows = np.array([
+            (self.g[j], self.nflex[j], self.wmax[j] - self.wmin[j], self.remaining[j] - self.progress_now(j, now),
+             self.rate[j], self.eff[j] - self.eff_flex[j], self.wmin[j])
+            for j in cand
+        ])
+        g = rows[:, 0].astype(np.int64)
+        extra_now = rows[:, 1].astype(np.int64)
+        extra_max = np.maximum(np.minimum(rows[:, 2].astype(np.int64), capacity // g), extra_now)
         choice = self.policy.extra_workers(
-            rem, rate, base_eff, base_w, extra_now, extra_max, g, capacity, factor,
+            rows[:, 3], rows[:, 4], rows[:, 5], rows[:, 6], extra_now, extra_max, g, capacity, factor,
             self.ecfg.scale_pause_s, self._throughput_vec,
         )
-        del idx
         changed: set[int] = set()
         # shrink first (training servers first, so flexible workers stay on loaned servers)
         for j, k in zip(cand, choice.tolist(), strict=True):
@@ -344,20 +350,17 @@ class ElasticSimulator:
                       key=lambda x: (-self.g[x], x))
         want = dict(zip(cand, choice.tolist(), strict=True))
         for j in grow:
-            first = True
-            mask_loan = self._mask(j, True) & (srv.group == LOANED)
-            mask_train = self._mask(j, False)
-            while self.nflex[j] < want[j]:
-                s = srv.best_fit(self.g[j], mask_loan, False) if self.loans else -1
-                if s < 0:
-                    s = srv.best_fit(self.g[j], mask_train, False)
-                if s < 0:
-                    break
-                if first:
-                    self._close_segment(j, now)
-                    first = False
+            need = want[j] - self.nflex[j]
+            places = srv.best_fit_many(self.g[j], need, self._mask(j, True) & (srv.group == LOANED)) \
+                if self.loans else []
+            if len(places) < need:
+                places += srv.best_fit_many(self.g[j], need - len(places), self._mask(j, False))
+            if not places:
+                continue
+            self._close_segment(j, now)
+            for s in places:
                 self._put(s, j, True)
-                changed.add(j)
+            changed.add(j)
         for j in changed:
             self._rescaled(j, now)
 
@@ -387,7 +390,8 @@ class ElasticSimulator:
         if len(loaned) < target:
             held = srv.inference_ids[srv.group[srv.inference_ids] == HELD]
             take = held[::-1][: target - len(loaned)]
-            srv.group[take] = LOANED
+            srv.move(take, LOANED)
+            self._masks.clear()
             self.counters["loans"] += len(take)
             self.n_loaned += len(take)
             self.held_gpus -= int(srv.cap[take].sum())
@@ -421,7 +425,8 @@ class ElasticSimulator:
                     self._close_segment(j, now)
                     hit.add(j)
                 self._take_all_on(s, j)
-            srv.group[s] = HELD
+            srv.move(np.array([s]), HELD)
+            self._masks.clear()
             self.n_loaned -= 1
             self.held_gpus += int(srv.cap[s])
         for j in sorted(hit):
@@ -436,9 +441,7 @@ class ElasticSimulator:
         srv = self.srv
         for s in self.where[j]:
             while self.nbase[j] < self.wmin[j] and srv.occ[s][j][1] > 0:
-                srv.occ[s][j][1] -= 1
-                srv.occ[s][j][0] += 1
-                srv.flex[s] -= self.g[j]
+                srv.flex_to_base(s, j, self.g[j])
                 self.nflex[j] -= 1
                 self.nbase[j] += 1
                 self.eff_flex[j] -= float(srv.speed[s])
@@ -489,6 +492,7 @@ class ElasticSimulator:
         events = self._events
         load = self.inference
         if load is not None:
+            load = load.merged() if hasattr(load, "merged") else load
             lt = (np.asarray(load.time_s, dtype=np.float64) - self.ecfg.reclaim_notice_s).tolist()
             lv = np.asarray(load.servers, dtype=np.int64).tolist()
         else:
@@ -548,19 +552,22 @@ class ElasticSimulator:
 
     def _record(self, t: float) -> None:
         tl = self._tl
-        vals = (t, self.busy, self.busy_loaned, self.n_loaned, self.held_gpus, self.n_waiting, len(self.running))
         if tl["t"] and tl["t"][-1] == t:
-            for k, v in zip(tl, vals, strict=True):
-                tl[k][-1] = v
-            return
-        for k, v in zip(tl, vals, strict=True):
-            tl[k].append(v)
+            for k in tl:
+                tl[k].pop()
+        tl["t"].append(t)
+        tl["busy"].append(self.busy)
+        tl["loaned_used"].append(self.busy_loaned)
+        tl["loaned"].append(self.n_loaned)
+        tl["inference"].append(self.held_gpus)
+        tl["queued"].append(self.n_waiting)
+        tl["running"].append(len(self.running))
 
     # ------------------------------------------------------------------ invariants (debug mode)
     def check_invariants(self) -> None:
         """Raise AssertionError if the cluster state is impossible."""
         srv = self.srv
-        assert (srv.free >= 0).all() and (srv.free <= srv.cap).all()
+        srv.check()
         held = srv.group == HELD
         assert (srv.free[held] == srv.cap[held]).all(), "a server held by inference runs training workers"
         used = 0

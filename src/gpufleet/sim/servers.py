@@ -38,6 +38,9 @@ class Servers:
         self.inference_ids = np.flatnonzero(self.group == HELD)
         self.training_gpus = int(self.cap[self.group == TRAINING].sum())
         self.inference_gpus = int(self.cap[self.group == HELD].sum())
+        #: free and flexible GPUs per group (TRAINING, LOANED, HELD): an O(1) necessary condition for a fit
+        self.free_in = [int(self.free[self.group == k].sum()) for k in (TRAINING, LOANED, HELD)]
+        self.flex_in = [0, 0, 0]
         #: server -> {job: [base workers, flexible workers]}
         self.occ: list[dict[int, list[int]]] = [{} for _ in caps]
 
@@ -63,6 +66,25 @@ class Servers:
         cand = np.flatnonzero(ok)
         return int(cand[np.argmin(room[cand])])
 
+    def best_fit_many(self, g: int, count: int, mask: np.ndarray) -> list[int]:
+        """Servers for up to ``count`` workers of ``g`` GPUs by repeated best fit over free GPUs, in one sort.
+
+        Best fit for identical workers keeps filling the tightest server that still holds one, so it is the
+        servers with room sorted by room (then id), each filled as far as it goes. Returns one id per worker.
+        """
+        ok = np.flatnonzero(mask & (self.free >= g))
+        if not ok.size or count <= 0:
+            return []
+        room = self.free[ok]
+        order = np.lexsort((ok, room))
+        out: list[int] = []
+        for s, r in zip(ok[order].tolist(), room[order].tolist(), strict=True):
+            take = min(r // g, count - len(out))
+            out.extend([s] * take)
+            if len(out) == count:
+                break
+        return out
+
     def slots(self, g: int, mask: np.ndarray, with_flex: bool) -> int:
         """How many workers of ``g`` GPUs fit on the servers of ``mask`` (exact for identical workers)."""
         room = self.free + self.flex if with_flex else self.free
@@ -71,10 +93,13 @@ class Servers:
     def add(self, s: int, j: int, g: int, flexible: bool) -> None:
         """Put one worker of job ``j`` (``g`` GPUs) on server ``s``."""
         self.free[s] -= g
+        k = self.group[s]
+        self.free_in[k] -= g
         entry = self.occ[s].setdefault(j, [0, 0])
         if flexible:
             entry[1] += 1
             self.flex[s] += g
+            self.flex_in[k] += g
         else:
             entry[0] += 1
         assert self.free[s] >= 0, "server over-allocated"
@@ -82,19 +107,40 @@ class Servers:
     def remove(self, s: int, j: int, g: int, flexible: bool) -> None:
         """Take one worker of job ``j`` off server ``s``."""
         entry = self.occ[s][j]
+        k = self.group[s]
         if flexible:
             entry[1] -= 1
             self.flex[s] -= g
+            self.flex_in[k] -= g
         else:
             entry[0] -= 1
         self.free[s] += g
+        self.free_in[k] += g
         if entry[0] == 0 and entry[1] == 0:
             del self.occ[s][j]
+
+    def move(self, servers: np.ndarray, group: int) -> None:
+        """Move empty ``servers`` (just loaned or just returned) to ``group``."""
+        for s in servers.tolist():
+            assert self.free[s] == self.cap[s], "only an empty server changes hands"
+            self.free_in[self.group[s]] -= int(self.cap[s])
+            self.group[s] = group
+            self.free_in[group] += int(self.cap[s])
+
+    def flex_to_base(self, s: int, j: int, g: int) -> None:
+        """Count one flexible worker of job ``j`` on ``s`` as a base worker from now on."""
+        self.occ[s][j][1] -= 1
+        self.occ[s][j][0] += 1
+        self.flex[s] -= g
+        self.flex_in[self.group[s]] -= g
 
     def check(self) -> None:
         """Raise AssertionError if free and flexible GPUs disagree with the occupants (debug mode)."""
         assert (self.free >= 0).all() and (self.free <= self.cap).all()
         assert not (self.occ_gpus_on(HELD) > 0), "a server held by inference runs training workers"
+        for k in (TRAINING, LOANED, HELD):
+            assert self.free_in[k] == int(self.free[self.group == k].sum()), "free-GPU counter out of step"
+            assert self.flex_in[k] == int(self.flex[self.group == k].sum()), "flexible-GPU counter out of step"
 
     def occ_gpus_on(self, group: int) -> int:
         """GPUs in use on servers of ``group``."""
