@@ -90,16 +90,30 @@ def _summary_table(results: list, title: str):
     from rich.table import Table
 
     table = Table(title=title, header_style="bold")
-    for col in ("policy", "jobs", "avg JCT", "p99 JCT", "avg queue", "p95 queue", "GPU util", "makespan",
-                "preempt.", "lost GPU-h", "wall"):
+    cols = ["policy", "jobs", "avg JCT", "p99 JCT", "avg queue", "p95 queue", "GPU util", "makespan",
+            "preempt.", "lost GPU-h", "wall"]
+    with_usage = any("usage" in r.summary for r in results)
+    with_aryl = any("reclaims" in r.summary for r in results)
+    if with_usage:
+        cols.insert(7, "usage")
+    if with_aryl:
+        cols[-1:-1] = ["loaned GPU-h", "reclaims", "reclaim preempt.", "scale events"]
+    for col in cols:
         table.add_column(col, justify="left" if col == "policy" else "right")
     for r in results:
         s = r.summary
-        table.add_row(
+        row = [
             s["policy"], f"{s['finished']:,}/{s['jobs']:,}", _fmt_s(s["avg_jct_s"]), _fmt_s(s["p99_jct_s"]),
             _fmt_s(s["avg_queue_s"]), _fmt_s(s["p95_queue_s"]), f"{100 * s['gpu_util']:.1f} %",
-            _fmt_s(s["makespan_s"]), f"{s['preemptions']:,}", f"{s['lost_work_gpu_h']:,.0f}", f"{s['wall_s']:.2f} s",
-        )
+            _fmt_s(s["makespan_s"]), f"{s['preemptions']:,}", f"{s['lost_work_gpu_h']:,.0f}",
+        ]
+        if with_usage:
+            row.insert(7, f"{100 * s['usage']:.1f} %" if "usage" in s else "-")
+        if with_aryl:
+            row += [f"{s['loaned_gpu_hours']:,.0f}", f"{s['reclaims']:,}", f"{s['reclaim_preemptions']:,}",
+                    f"{s['scale_events']:,}"] if "reclaims" in s else ["-"] * 4
+        row.append(f"{s['wall_s']:.2f} s")
+        table.add_row(*row)
     return table
 
 
@@ -115,10 +129,27 @@ def simulate(
     cluster: Annotated[Path | None, typer.Option(help="Cluster TOML file (default: the bundled cluster).")] = None,
     gpus: Annotated[int | None, typer.Option(help="Resize the training pools to at least this many GPUs.")] = None,
     policy: Annotated[str, typer.Option(
-        help="Comma-separated policies: fifo, sjf, srtf, las, tiresias (see `gpufleet policies`).")] = ",".join(
-        ("fifo", "sjf", "srtf", "las", "tiresias")),
+        help="Comma-separated policies: fifo, sjf, srtf, las, tiresias, and Aryl's aryl, aryl-loan, aryl-elastic, "
+        "aryl-base (see `gpufleet policies`).")] = ",".join(("fifo", "sjf", "srtf", "las", "tiresias")),
     opt: Annotated[list[str] | None, typer.Option(
-        help="Policy option POLICY.KEY=VALUE, repeatable, e.g. tiresias.thresholds=3600,36000.")] = None,
+        help="Policy option POLICY.KEY=VALUE, repeatable, e.g. tiresias.thresholds=3600,36000; a bare KEY=VALUE "
+        "(e.g. reclaim=random) applies to every chosen policy that has that option.")] = None,
+    inference: Annotated[str | None, typer.Option(
+        help="Inference load on the cluster's inference pool: 'genai' (the bundled Alibaba GenAI trace, the "
+        "default when the cluster has an inference pool), 'diurnal', 'none', or a CSV time,servers_needed. "
+        "Aryl loans the idle servers to training.")] = None,
+    elastic_share: Annotated[float, typer.Option(
+        help="Share of jobs made elastic (Aryl policies) when the trace has no min_workers/max_workers "
+        "columns. No published mix states it; 0.5 is the middle of the 0-100 % sweep.")] = 0.5,
+    scale_pause: Annotated[float, typer.Option(
+        help="Seconds an elastic job pauses on each scale-out / scale-in (published restarts: 18-103 s).")] = 40.0,
+    reclaim_notice: Annotated[float, typer.Option(
+        help="Seconds of notice before a reclaimed server goes back to inference (0: at once).")] = 0.0,
+    loan_speed: Annotated[float | None, typer.Option(
+        help="Speed of a worker on a loaned inference GPU relative to a training GPU (default: from the GPU "
+        "catalog, e.g. 0.43 for T4 vs V100).")] = None,
+    interval: Annotated[float, typer.Option(
+        help="Seconds between Aryl's knapsack rounds that resize elastic jobs.")] = 300.0,
     placement: Annotated[str, typer.Option(help="consolidate (fewest nodes, best fit) or spread.")] = "consolidate",
     strict_placement: Annotated[bool, typer.Option(
         help="Start multi-GPU jobs only on the fewest possible nodes (they wait otherwise).")] = False,
@@ -142,10 +173,17 @@ def simulate(
 ) -> None:
     """Replay a job trace on a cluster under scheduling policies and compare queueing, JCT and utilisation.
 
-    With no options: the bundled Philly trace on the bundled 768-GPU cluster under fifo, sjf, srtf, las
-    and tiresias. Ctrl-C stops a long run and reports what was simulated so far.
+    With no options: the bundled Philly trace on the bundled cluster (640 V100 for training, 768 T4 for
+    inference) under fifo, sjf, srtf, las and tiresias. Ctrl-C stops a long run and reports what was
+    simulated so far.
+
+    Metrics: gpu_util is busy training GPUs over the training pool; usage is GPU-time allocated to training
+    and to inference over the capacity of both pools, measured over the trace's arrival window (first to
+    last submission) so that the drain after the last arrival does not dilute it. Aryl runs also report
+    loaned_gpu_hours, reclaims (servers given back), reclaim_preemptions and scale_events.
     """
     from gpufleet.sim.config import SimConfig
+    from gpufleet.sim.elastic_jobs import ElasticConfig
     from gpufleet.sim.run import parse_policy_opts, run_policies
 
     policies = [p.strip() for p in policy.split(",") if p.strip()]
@@ -156,6 +194,9 @@ def simulate(
     load = _load_jobs(trace, columns, vc, reader)
     spec = _load_cluster(cluster, gpus)
     opts = parse_policy_opts(opt or [], policies)
+    inference_load = _inference_for(spec, inference, load.jobs)
+    elastic_cfg = ElasticConfig(elastic_share=elastic_share, scale_pause_s=scale_pause,
+                                reclaim_notice_s=reclaim_notice, loan_speed=loan_speed, interval_s=interval)
     show_progress = progress and not as_json and err.is_terminal and workers <= 1 and not (ray or ray_address)
     config = SimConfig(placement=placement, strict_placement=strict_placement, placement_penalty=placement_penalty,
                        checkpoint_interval_s=checkpoint_interval, restart_s=restart_cost, debug=debug,
@@ -171,7 +212,7 @@ def simulate(
 
     address = ray_address or ("local" if ray else None)
     results = run_policies(load.jobs, spec, policies, config, opts, workers=workers, ray_address=address,
-                           on_done=done)
+                           on_done=done, inference=inference_load, elastic=elastic_cfg)
     unsched = results[0].meta.get("unschedulable", {}) if results else {}
     if unsched and not as_json:
         err.print("[yellow]warning:[/] jobs never scheduled: "
@@ -200,6 +241,19 @@ def simulate(
         jobs_out.parent.mkdir(parents=True, exist_ok=True)
         pl.concat(frames).write_parquet(jobs_out)
         err.print(f"job outcomes written to {jobs_out}")
+
+
+def _inference_for(spec: Any, source: str | None, jobs: Any) -> Any:
+    """The inference load for ``spec``'s inference pools over the trace's span (None without such a pool)."""
+    pool_servers = sum(p.nodes for p in spec.inference_pools)
+    if not pool_servers:
+        if source not in (None, "none"):
+            raise typer.BadParameter(f"--inference {source}: cluster '{spec.name}' has no inference pool")
+        return None
+    from gpufleet.traces.inference import load_inference
+
+    span = float(jobs["submit_s"].max()) + 60 * 86400.0 if jobs.height else 86400.0
+    return load_inference(source or "genai", pool_servers=pool_servers, until_s=span)
 
 
 def _print_breakdown(results: list, by: str) -> None:

@@ -39,8 +39,8 @@ def test_default_cluster_has_documented_numbers() -> None:
     c = load_cluster()
     assert c == load_cluster(default_cluster_path())
     train, infer = c.pool("train"), c.pool("infer")
-    assert (train.kind, train.gpu, train.gpus_per_node, train.nodes) == ("training", "v100", 8, 96)
-    assert (train.nic, train.nodes_per_rack, train.racks) == ("ib-edr", 16, 6)
+    assert (train.kind, train.gpu, train.gpus_per_node, train.nodes) == ("training", "v100", 8, 80)
+    assert (train.nic, train.nodes_per_rack, train.racks) == ("ib-edr", 16, 5)
     assert (infer.kind, infer.gpu, infer.gpus_per_node, infer.nodes, infer.nic) == (
         "inference",
         "t4",
@@ -49,7 +49,7 @@ def test_default_cluster_has_documented_numbers() -> None:
         "roce-100g",
     )
     assert c.network.oversubscription == 2.0
-    assert c.total_gpus() == 768
+    assert c.total_gpus() == 640
     assert c.total_gpus("inference") == 768
 
 

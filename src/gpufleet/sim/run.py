@@ -56,11 +56,27 @@ def run_one(spec: RunSpec) -> SimResult:
     return result
 
 
+def _qualify(items: Sequence[str], policies: Sequence[str], known: Mapping[str, Any]) -> list[str]:
+    """Expand each bare ``KEY=VALUE`` into ``POLICY.KEY=VALUE`` for every chosen policy that has option KEY."""
+    out: list[str] = []
+    for item in items:
+        name, sep, _ = item.partition("=")
+        if not sep or "." in name or not name:
+            out.append(item)
+            continue
+        owners = [p for p in policies if p in known and name in known[p].options]
+        if not owners:
+            raise ConfigError(f"--opt '{item}': none of the chosen policies ({', '.join(policies)}) has an option "
+                              f"'{name}'; use POLICY.OPTION=VALUE")
+        out.extend(f"{owner}.{item}" for owner in owners)
+    return out
+
+
 def parse_policy_opts(items: Sequence[str], policies: Sequence[str]) -> dict[str, dict[str, Any]]:
     """Turn ``["tiresias.thresholds=3600,36000", "las.quantum_gpu_s=600"]`` into per-policy option dicts."""
     known = available_policies()
     out: dict[str, dict[str, Any]] = {p: {} for p in policies}
-    for item in items:
+    for item in _qualify(items, policies, known):
         name, sep, value = item.partition("=")
         pol, dot, key = name.partition(".")
         if not sep or not dot or not key:
@@ -92,6 +108,8 @@ def run_policies(
     workers: int | None = None,
     ray_address: str | None = None,
     on_done: Callable[[SimResult], None] | None = None,
+    inference: Any = None,
+    elastic: Any = None,
 ) -> list[SimResult]:
     """Simulate each policy over the same jobs and cluster; results come back in the order of ``policies``.
 
@@ -105,13 +123,14 @@ def run_policies(
     if ray_address is None and (workers is None or workers <= 1 or len(policies) == 1):
         results = []
         for name in policies:
-            results.append(run_one(RunSpec(name, jobs, cluster, config, dict(policy_opts.get(name, {})))))
+            results.append(run_one(RunSpec(name, jobs, cluster, config, dict(policy_opts.get(name, {})),
+                                           inference, elastic)))
             if on_done:
                 on_done(results[-1])
         return results
     # progress bars from several processes would garble the terminal: the caller reports completions
     quiet = replace(config, progress=False)
-    specs = [RunSpec(p, jobs, cluster, quiet, dict(policy_opts.get(p, {}))) for p in policies]
+    specs = [RunSpec(p, jobs, cluster, quiet, dict(policy_opts.get(p, {})), inference, elastic) for p in policies]
     if ray_address is None:
         return _run_pool(specs, workers or 1, on_done)
     results = _run_ray(specs, ray_address)
