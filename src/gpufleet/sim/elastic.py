@@ -101,6 +101,7 @@ class ElasticSimulator:
         self.eff_flex = [0.0] * n
         self.counters = {"reclaims": 0, "reclaim_preemptions": 0, "scale_events": 0, "loans": 0}
         self._dirty = True
+        self._last_round: set[int] = set()
         self.n_loaned = 0
         self.held_gpus = self.srv.inference_gpus
         self._masks: dict[tuple[str | None, bool], np.ndarray] = {}
@@ -325,6 +326,14 @@ class ElasticSimulator:
         capacity = free_train + free_loan
         if capacity <= 0:
             return
+        # Nothing to hand out and no newcomer to hand it to: no GPU is free for another worker of any job below
+        # its maximum, and every candidate already took part in the last solve. The allocation chosen then
+        # stands (its values only drift as remaining times shrink), so the round is skipped.
+        free_now = srv.free_in[TRAINING] + (srv.free_in[LOANED] if self.loans else 0)
+        newcomers = any(j not in self._last_round for j in cand)
+        if not newcomers and all(free_now < self.g[j] or self.nflex[j] >= self.wmax[j] - self.wmin[j]
+                                 for j in cand):
+            return
         factor = (free_train + self.loan_speed * free_loan) / capacity
         rows = np.array([
             (self.g[j], self.nflex[j], self.wmax[j] - self.wmin[j], self.remaining[j] - self.progress_now(j, now),
@@ -338,6 +347,7 @@ class ElasticSimulator:
             rows[:, 3], rows[:, 4], rows[:, 5], rows[:, 6], extra_now, extra_max, g, capacity, factor,
             self.ecfg.scale_pause_s, self._throughput_vec,
         )
+        self._last_round = set(cand)
         changed: set[int] = set()
         # shrink first (training servers first, so flexible workers stay on loaned servers)
         for j, k in zip(cand, choice.tolist(), strict=True):
@@ -400,6 +410,20 @@ class ElasticSimulator:
 
     def _reclaim(self, loaned: np.ndarray, count: int, now: float) -> None:
         srv = self.srv
+        if self.policy.opts["reclaim"] != "random":
+            # idle loaned servers cost nothing and use no GPUs: the cost greedy and fewest-jobs both return
+            # them first, lowest id first, so they go back without building the full instance
+            empty = loaned[srv.free[loaned] == srv.cap[loaned]][:count]
+            if len(empty):
+                self.counters["reclaims"] += len(empty)
+                srv.move(empty, HELD)
+                self._masks.clear()
+                self.n_loaned -= len(empty)
+                self.held_gpus += int(srv.cap[empty].sum())
+                count -= len(empty)
+                loaned = loaned[srv.group[loaned] == LOANED]
+            if count <= 0:
+                return
         on_server = {int(s): {j: b + f for j, (b, f) in srv.occ[s].items()} for s in loaned}
         jobs = {j for occ in on_server.values() for j in occ}
         ckpt = self.config.checkpoint_interval_s
