@@ -46,6 +46,12 @@ _SUMMARY_COLUMNS: tuple[tuple[str, str, Any, str | None], ...] = (
     ("p95_queue_s", "p95 queue", format_duration, "min"),
     ("p99_queue_s", "p99 queue", format_duration, "min"),
     ("gpu_util", "GPU util", format_percent, "max"),
+    ("usage", "usage (both pools)", format_percent, "max"),
+    ("loaned_gpu_hours", "loaned GPU-h", format_number, None),
+    ("reclaims", "servers reclaimed", format_number, None),
+    ("reclaim_preemptions", "reclaim preemptions", format_number, "min"),
+    ("scale_events", "scale events", format_number, None),
+    ("elastic_jobs", "elastic jobs", format_number, None),
     ("makespan_s", "makespan", format_duration, "min"),
     ("preemptions", "preemptions", format_number, None),
     ("lost_work_gpu_h", "lost work (GPU-h)", format_number, None),
@@ -207,6 +213,34 @@ def _cdf_section(
     )
 
 
+def _loan_figures(results: Sequence[SimResult], labels: Sequence[str], colors: Mapping[str, str],
+                  common: Mapping[str, Any]) -> list[Any]:
+    """Aryl runs: inference servers needed and servers on loan over time, and training GPUs on loaned servers."""
+    loaned: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    used: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    demand = None
+    for r, label in zip(results, labels, strict=True):
+        if "loaned_servers" not in r.timeline.columns:
+            continue
+        time = _column(r.timeline, "time_s")
+        loaned[label] = (time, _column(r.timeline, "loaned_servers"))
+        used[label] = (time, _column(r.timeline, "loaned_gpus_used"))
+        if demand is None and "inference_servers_needed" in r.timeline.columns:
+            demand = (time, _column(r.timeline, "inference_servers_needed"))
+    if not loaned:
+        return []
+    series = dict(loaned)
+    palette = dict(colors)
+    if demand is not None:
+        series = {"inference servers needed": demand, **series}
+        palette["inference servers needed"] = "#444444"
+    return [
+        timeline_figure(series, title="Inference demand and servers on loan", y_title="servers",
+                        **{**common, "colors": palette}),
+        timeline_figure(used, title="Training GPUs on loaned servers", y_title="GPUs", **common),
+    ]
+
+
 def _timeline_section(
     results: Sequence[SimResult], labels: Sequence[str], colors: Mapping[str, str], figs: _Figures
 ) -> str:
@@ -239,11 +273,12 @@ def _timeline_section(
         util, title="GPU utilisation", y_title="busy GPUs / total GPUs", y_percent=True, **common
     )
     queue_fig = timeline_figure(queued, title="Queue length", y_title="jobs waiting", **common)
+    extra = _loan_figures(results, labels, colors, common)
     width = end - start
     bucket = format_duration(width / TIMELINE_BUCKETS)
     return html.section(
         "Over time",
-        figs.add(util_fig, queue_fig),
+        figs.add(util_fig, queue_fig, *extra),
         note=f"Time-weighted averages over {TIMELINE_BUCKETS:,} buckets of {bucket} each.",
     )
 

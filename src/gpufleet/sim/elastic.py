@@ -103,11 +103,13 @@ class ElasticSimulator:
         self._dirty = True
         self._last_round: set[int] = set()
         self.n_loaned = 0
+        self.inf_needed = len(self.srv.inference_ids)
         self.held_gpus = self.srv.inference_gpus
         self._masks: dict[tuple[str | None, bool], np.ndarray] = {}
         self._type_of: list[str | None] = [t.lower() if isinstance(t, str) else None for t in w.gpu_type]
         self._resolve_schedulable()
-        self._tl = {k: array("d") for k in ("t", "busy", "loaned_used", "loaned", "inference", "queued", "running")}
+        self._tl = {k: array("d") for k in ("t", "busy", "loaned_used", "loaned", "inference", "needed", "queued",
+                                            "running")}
         policy.bind(self)  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------ setup
@@ -395,6 +397,7 @@ class ElasticSimulator:
     def _apply_load(self, servers_needed: int, now: float) -> None:
         srv = self.srv
         pool = len(srv.inference_ids)
+        self.inf_needed = servers_needed
         target = max(0, pool - servers_needed) if self.loans else 0
         loaned = srv.loaned
         if len(loaned) < target:
@@ -516,9 +519,9 @@ class ElasticSimulator:
         events = self._events
         load = self.inference
         if load is not None:
-            load = load.merged() if hasattr(load, "merged") else load
-            lt = (np.asarray(load.time_s, dtype=np.float64) - self.ecfg.reclaim_notice_s).tolist()
-            lv = np.asarray(load.servers, dtype=np.int64).tolist()
+            times, values = held_schedule(np.asarray(load.time_s, dtype=np.float64),
+                                          np.asarray(load.servers, dtype=np.int64), self.ecfg.reclaim_notice_s)
+            lt, lv = times.tolist(), values.tolist()
         else:
             lt, lv = [], []
         li = 0
@@ -584,6 +587,7 @@ class ElasticSimulator:
         tl["loaned_used"].append(self.busy_loaned)
         tl["loaned"].append(self.n_loaned)
         tl["inference"].append(self.held_gpus)
+        tl["needed"].append(self.inf_needed)
         tl["queued"].append(self.n_waiting)
         tl["running"].append(len(self.running))
 
@@ -652,6 +656,7 @@ class ElasticSimulator:
                 "loaned_servers": tl["loaned"].astype(np.int64),
                 "loaned_gpus_used": tl["loaned_used"].astype(np.int64),
                 "inference_gpus": tl["inference"].astype(np.int64),
+                "inference_servers_needed": tl["needed"].astype(np.int64),
             }
         )
         meta: dict[str, Any] = {
@@ -664,12 +669,17 @@ class ElasticSimulator:
             "loan_speed": self.loan_speed,
         }
         total = self.srv.training_gpus
-        summary = summarize(self.policy.name, jobs, timeline, total, wall, meta)
+        # gpu_util: busy GPUs on the training pool over its size (work on loaned servers shows in usage)
+        on_training = timeline.with_columns(pl.col("busy_gpus") - pl.col("loaned_gpus_used"))
+        summary = summarize(self.policy.name, jobs, on_training, total, wall, meta)
         summary.update(self._aryl_metrics(timeline))
         return SimResult(self.policy.name, summary, jobs, timeline, total, meta)
 
     def _aryl_metrics(self, timeline: pl.DataFrame) -> dict[str, Any]:
         t = timeline["time_s"].to_numpy()
+        if not len(t):  # nothing ran: an empty trace, or no job fits any training pool
+            return {"usage": float("nan"), "loaned_gpu_hours": 0.0, "reclaims": 0, "reclaim_preemptions": 0,
+                    "scale_events": 0, "elastic_jobs": 0}
         start, end = self.submit[0], self.submit[-1]
         loaned_used = time_weighted_mean(t, timeline["loaned_gpus_used"].to_numpy(), t[0], t[-1]) * (t[-1] - t[0])
         out = {
@@ -681,6 +691,26 @@ class ElasticSimulator:
             "elastic_jobs": int(sum(1 for a, b in zip(self.wmin, self.wmax, strict=True) if b > a)),
         }
         return out
+
+
+def held_schedule(time_s: np.ndarray, servers: np.ndarray, notice_s: float) -> tuple[np.ndarray, np.ndarray]:
+    """Servers inference keeps (not loanable) over time when reclaims need ``notice_s`` seconds of notice.
+
+    A server must be back ``notice_s`` before inference needs it, but is loaned only once inference no longer
+    needs it, so the held count at ``t`` is the most servers needed anywhere in ``[t, t + notice_s]``. Steps
+    whose value repeats the previous one are dropped (fewer simulator events).
+    """
+    if notice_s > 0:
+        times = np.unique(np.concatenate((time_s, np.maximum(time_s - notice_s, time_s[0]))))
+        lo = np.searchsorted(time_s, times, side="right") - 1
+        hi = np.searchsorted(time_s, times + notice_s, side="left")  # steps starting before t + notice
+        prefix = [servers[a: max(b, a + 1)].max() for a, b in zip(lo.tolist(), hi.tolist(), strict=True)]
+        values = np.asarray(prefix, dtype=np.int64)
+    else:
+        times, values = time_s, servers
+    keep = np.ones(len(values), dtype=bool)
+    keep[1:] = values[1:] != values[:-1]
+    return times[keep], values[keep]
 
 
 def usage_over_window(time_s: np.ndarray, busy_gpus: np.ndarray, inference: Any, servers: Any,

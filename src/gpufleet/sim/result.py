@@ -29,6 +29,21 @@ TIMELINE_COLUMNS = (
     "running_jobs",  # int, jobs running after the event
 )
 
+#: Extra columns of the elastic simulator's timeline (Aryl policies).
+ELASTIC_TIMELINE_COLUMNS = (
+    "loaned_servers",  # int, inference servers on loan to training
+    "loaned_gpus_used",  # int, GPUs training holds on loaned servers
+    "inference_gpus",  # int, GPUs of the inference pool held by inference (not on loan)
+    "inference_servers_needed",  # int, servers the inference load needs now
+)
+
+#: Extra columns of the elastic simulator's job frame.
+ELASTIC_JOB_COLUMNS = (
+    "scale_events",  # int, how often the job's workers changed while it ran
+    "max_workers",  # int, most workers the job may have
+    "min_workers",  # int, its base demand in workers
+)
+
 
 @dataclass
 class SimResult:
