@@ -45,7 +45,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2, help="processes for the policy sweep")
     ap.add_argument("--shares", default="", help="comma-separated elastic shares to sweep for aryl")
     args = ap.parse_args()
-    con = Console()
+    con = Console(width=200)
 
     # end to end, as a user runs it: one process, trace and load included
     t0 = time.perf_counter()
