@@ -66,7 +66,8 @@ class ArylPolicy(Policy):
 
         Job ``i`` runs ``remaining[i]`` seconds of base-demand work at ``rate_now[i]`` (1 = its base demand on
         training GPUs). With ``k`` extra workers of speed ``speed_factor`` its rate becomes
-        ``T(base_eff + k f) / T(base_workers)``; the item's value is the remaining time saved against now,
+        ``T(base_eff + k f) / T(base_workers)``, where ``throughput`` maps a matrix with one row per job
+        through that job's curve; the item's value is the remaining time saved against now,
         minus ``pause_s`` when ``k`` differs from ``extra_now`` (a rescale pauses the job). Item ``k`` weighs
         ``k * gpus_per_worker`` GPUs; the items of all jobs share ``capacity`` GPUs.
         """
@@ -78,7 +79,7 @@ class ArylPolicy(Policy):
         kmax = int(extra_max.max())
         ks = np.arange(kmax + 1, dtype=np.float64)
         eff = base_eff[:, None] + ks[None, :] * speed_factor
-        rate = throughput(eff.ravel()).reshape(eff.shape) / throughput(base_workers)[:, None]
+        rate = throughput(eff) / throughput(base_workers[:, None])
         now_time = remaining / np.maximum(rate_now, 1e-12)
         value = now_time[:, None] - remaining[:, None] / np.maximum(rate, 1e-12) - pause_s
         rows = np.arange(n)

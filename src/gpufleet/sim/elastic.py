@@ -69,6 +69,7 @@ class ElasticSimulator:
         self.wmin: list[int] = ej.min_workers.tolist()
         self.wmax: list[int] = ej.max_workers.tolist()
         self.curve = curve or PowerLawCurve()
+        self.curve_of = self._job_curves(jobs, training[0])
         self.submit: list[float] = w.submit.tolist()
         self.duration: list[float] = w.duration.tolist()
         self.gpus = [g * m for g, m in zip(self.g, self.wmin, strict=True)]
@@ -77,7 +78,7 @@ class ElasticSimulator:
         self.seg_start = [0.0] * n
         self.seg_over = [0.0] * n
         self.rate = [1.0] * n
-        self.base_rate_t = [self.curve.throughput(m) for m in self.wmin]
+        self.base_rate_t = [c.throughput(m) for c, m in zip(self.curve_of, self.wmin, strict=True)]
         self.held_s = [0.0] * n
         self.gpu_s = [0.0] * n
         self.first_start = [math.nan] * n
@@ -113,6 +114,29 @@ class ElasticSimulator:
         policy.bind(self)  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------ setup
+    def _job_curves(self, jobs: pl.DataFrame, pool: Any) -> list[ScalingCurve]:
+        """Per job: the ``perf`` model's curve when its ``model`` column names a catalog model, else the default."""
+        n = len(self.workload)
+        if "model" not in jobs.columns:
+            return [self.curve] * n
+        from gpufleet.errors import ConfigError, GpufleetError
+        from gpufleet.sim.scaling import PerfCurve
+
+        cache: dict[tuple[str, int], ScalingCurve] = {}
+        out: list[ScalingCurve] = []
+        for j, name in enumerate(jobs["model"].cast(pl.Utf8).to_list()):
+            if not name:
+                out.append(self.curve)
+                continue
+            key = (name, self.g[j])
+            if key not in cache:
+                try:
+                    cache[key] = PerfCurve(name, pool.gpu, self.g[j], nic=pool.nic)
+                except GpufleetError as exc:
+                    raise ConfigError(f"job {self.workload.job_id[j]} names model '{name}': {exc}") from None
+            out.append(cache[key])
+        return out
+
     def _resolve_schedulable(self) -> None:
         """Jobs whose base demand fits no training pool are reported and never queued."""
         self.unschedulable: dict[str, int] = {}
@@ -207,7 +231,7 @@ class ElasticSimulator:
         """Start a segment with the job's current workers; schedule its completion."""
         self.seg_start[j] = now
         self.seg_over[j] = max(self.seg_over[j], pause)
-        self.rate[j] = self.curve.throughput(self.eff[j]) / self.base_rate_t[j]
+        self.rate[j] = self.curve_of[j].throughput(self.eff[j]) / self.base_rate_t[j]
         fin = now + self.seg_over[j] + self.remaining[j] / self.rate[j]
         self._ver[j] += 1
         self._seq += 1
@@ -347,7 +371,7 @@ class ElasticSimulator:
         extra_max = np.maximum(np.minimum(rows[:, 2].astype(np.int64), capacity // g), extra_now)
         choice = self.policy.extra_workers(
             rows[:, 3], rows[:, 4], rows[:, 5], rows[:, 6], extra_now, extra_max, g, capacity, factor,
-            self.ecfg.scale_pause_s, self._throughput_vec,
+            self.ecfg.scale_pause_s, self._throughput_rows(cand),
         )
         self._last_round = set(cand)
         changed: set[int] = set()
@@ -376,11 +400,18 @@ class ElasticSimulator:
         for j in changed:
             self._rescaled(j, now)
 
-    def _throughput_vec(self, w: np.ndarray) -> np.ndarray:
-        curve = self.curve
-        if isinstance(curve, PowerLawCurve):
-            return np.where(w > 0, np.maximum(w, 0.0) ** curve.alpha, 0.0)
-        return np.array([curve.throughput(float(x)) for x in np.atleast_1d(w)])
+    def _throughput_rows(self, cand: list[int]):
+        """``f(w)`` for a matrix ``w`` with one row per candidate job: each row through that job's curve."""
+        curves = [self.curve_of[j] for j in cand]
+        alpha = {c.alpha for c in curves if isinstance(c, PowerLawCurve)}
+        if len(alpha) == 1 and all(isinstance(c, PowerLawCurve) for c in curves):
+            a = alpha.pop()
+            return lambda w: np.where(w > 0, np.maximum(w, 0.0) ** a, 0.0)
+
+        def per_row(w: np.ndarray) -> np.ndarray:
+            return np.array([[c.throughput(float(x)) for x in row] for c, row in zip(curves, w, strict=True)])
+
+        return per_row
 
     def _drop_flex(self, j: int, count: int) -> None:
         """Remove ``count`` flexible workers of ``j``: training servers first, then loaned ones."""
@@ -703,7 +734,7 @@ def held_schedule(time_s: np.ndarray, servers: np.ndarray, notice_s: float) -> t
     if notice_s > 0:
         times = np.unique(np.concatenate((time_s, np.maximum(time_s - notice_s, time_s[0]))))
         lo = np.searchsorted(time_s, times, side="right") - 1
-        hi = np.searchsorted(time_s, times + notice_s, side="left")  # steps starting before t + notice
+        hi = np.searchsorted(time_s, times + notice_s, side="right")  # steps starting by t + notice
         prefix = [servers[a: max(b, a + 1)].max() for a, b in zip(lo.tolist(), hi.tolist(), strict=True)]
         values = np.asarray(prefix, dtype=np.int64)
     else:
