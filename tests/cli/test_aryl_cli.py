@@ -3,18 +3,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_helpers import gpufleet
 
 ARYL_KEYS = {"usage", "loaned_gpu_hours", "reclaims", "reclaim_preemptions", "scale_events", "elastic_jobs"}
-
-
-def gpufleet(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gpufleet.cli", *args], capture_output=True, text=True,
-                          timeout=300)
 
 
 @pytest.fixture(scope="module")

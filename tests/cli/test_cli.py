@@ -3,20 +3,14 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import polars as pl
 import pytest
+from cli_helpers import gpufleet
 
 REQUIRED_KEYS = {"policy", "jobs", "avg_jct_s", "p99_jct_s", "avg_queue_s", "p95_queue_s", "gpu_util",
                  "makespan_s", "preemptions", "wall_s"}
-
-
-def gpufleet(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gpufleet.cli", *args], capture_output=True, text=True,
-                          timeout=300)
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,7 @@ import heapq
 import math
 import time
 from array import array
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -49,7 +50,6 @@ class ElasticSimulator:
         w = self.workload
         n = len(w)
         self.n = n
-        self.cluster = cluster
         training = cluster.training_pools
         if not training:
             from gpufleet.errors import SpecError
@@ -61,6 +61,7 @@ class ElasticSimulator:
             ls = loan_speed_from_catalog(training[0].gpu, inf_pools[0].gpu) if inf_pools else 1.0
         self.loan_speed = ls
         self.srv = Servers(cluster, ls)
+        self.cluster_gpus = PoolGPUs.of(cluster)
         self.inference = inference if inf_pools else None
         self.loans = policy.loan and self.inference is not None
         ej = assign_elastic(jobs, self.ecfg, max(p.gpus_per_node for p in training),
@@ -80,7 +81,6 @@ class ElasticSimulator:
         self.rate = [1.0] * n
         self.base_rate_t = [c.throughput(m) for c, m in zip(self.curve_of, self.wmin, strict=True)]
         self.held_s = [0.0] * n
-        self.gpu_s = [0.0] * n
         self.first_start = [math.nan] * n
         self.finish = [math.nan] * n
         self.preemptions = [0] * n
@@ -100,12 +100,11 @@ class ElasticSimulator:
         self.busy_loaned = 0  # GPUs training holds on loaned servers
         self.eff = [0.0] * n  # effective workers (loaned-server workers count loan_speed)
         self.eff_flex = [0.0] * n
-        self.counters = {"reclaims": 0, "reclaim_preemptions": 0, "scale_events": 0, "loans": 0}
+        self.counters = {"reclaims": 0, "reclaim_preemptions": 0, "scale_events": 0}
+        self.events_processed = 0
         self._dirty = True
         self._last_round: set[int] = set()
-        self.n_loaned = 0
         self.inf_needed = len(self.srv.inference_ids)
-        self.held_gpus = self.srv.inference_gpus
         self._masks: dict[tuple[str | None, bool], np.ndarray] = {}
         self._type_of: list[str | None] = [t.lower() if isinstance(t, str) else None for t in w.gpu_type]
         self._resolve_schedulable()
@@ -142,7 +141,7 @@ class ElasticSimulator:
         self.unschedulable: dict[str, int] = {}
         srv = self.srv
         for j in range(self.n):
-            mask = self._training_mask(self._type_of[j])
+            mask = self._mask(j, loaned=False)
             if not mask.any():
                 reason = f"no training pool of GPU type '{self._type_of[j]}'"
             elif int((srv.cap[mask] // self.g[j]).sum()) < self.wmin[j]:
@@ -151,12 +150,6 @@ class ElasticSimulator:
                 continue
             self.state[j] = UNSCHEDULABLE
             self.unschedulable[reason] = self.unschedulable.get(reason, 0) + 1
-
-    def _training_mask(self, gpu_type: str | None) -> np.ndarray:
-        m = self.srv.group == TRAINING
-        if gpu_type is not None:
-            m = m & (self.srv.gpu_type == gpu_type)
-        return m
 
     def _mask(self, j: int, loaned: bool) -> np.ndarray:
         """Servers job ``j`` may use: training servers of its GPU type (and loaned servers of any type)."""
@@ -222,7 +215,6 @@ class ElasticSimulator:
         prog = self.progress_now(j, now)
         held = now - self.seg_start[j]
         self.held_s[j] += held
-        self.gpu_s[j] += held * self.g[j] * (self.nbase[j] + self.nflex[j])
         self.remaining[j] -= prog
         self.seg_over[j] = max(0.0, self.seg_over[j] - held)
         self.seg_start[j] = now
@@ -434,13 +426,19 @@ class ElasticSimulator:
         if len(loaned) < target:
             held = srv.inference_ids[srv.group[srv.inference_ids] == HELD]
             take = held[::-1][: target - len(loaned)]
-            srv.move(take, LOANED)
-            self._masks.clear()
-            self.counters["loans"] += len(take)
-            self.n_loaned += len(take)
-            self.held_gpus -= int(srv.cap[take].sum())
+            self._move(take, LOANED)
         elif len(loaned) > target:
             self._reclaim(loaned, len(loaned) - target, now)
+
+    def _move(self, servers: np.ndarray, group: int) -> None:
+        """Hand empty ``servers`` to ``group`` (LOANED or HELD); the cached placement masks go stale."""
+        self.srv.move(servers, group)
+        self._masks.clear()
+
+    def _checkpointed(self, done: float) -> float:
+        """Progress a job keeps of ``done`` when stopped now: its last checkpoint (all of it without checkpoints)."""
+        ckpt = self.config.checkpoint_interval_s
+        return math.floor(done / ckpt) * ckpt if ckpt > 0 else done
 
     def _reclaim(self, loaned: np.ndarray, count: int, now: float) -> None:
         srv = self.srv
@@ -450,22 +448,17 @@ class ElasticSimulator:
             empty = loaned[srv.free[loaned] == srv.cap[loaned]][:count]
             if len(empty):
                 self.counters["reclaims"] += len(empty)
-                srv.move(empty, HELD)
-                self._masks.clear()
-                self.n_loaned -= len(empty)
-                self.held_gpus += int(srv.cap[empty].sum())
+                self._move(empty, HELD)
                 count -= len(empty)
                 loaned = loaned[srv.group[loaned] == LOANED]
             if count <= 0:
                 return
         on_server = {int(s): {j: b + f for j, (b, f) in srv.occ[s].items()} for s in loaned}
         jobs = {j for occ in on_server.values() for j in occ}
-        ckpt = self.config.checkpoint_interval_s
         lost = {}
         for j in jobs:
             done = self.duration[j] - self.remaining[j] + self.progress_now(j, now)
-            kept = math.floor(done / ckpt) * ckpt if ckpt > 0 else done
-            lost[j] = (done - kept) * self.gpus[j]
+            lost[j] = (done - self._checkpointed(done)) * self.gpus[j]
         inst = ReclaimInstance(
             servers=tuple(int(s) for s in loaned),
             on_server=on_server,
@@ -483,10 +476,7 @@ class ElasticSimulator:
                     self._close_segment(j, now)
                     hit.add(j)
                 self._take_all_on(s, j)
-            srv.move(np.array([s]), HELD)
-            self._masks.clear()
-            self.n_loaned -= 1
-            self.held_gpus += int(srv.cap[s])
+            self._move(np.array([s]), HELD)
         for j in sorted(hit):
             if self.nbase[j] + self.nflex[j] < self.wmin[j]:
                 self._preempt(j, now)
@@ -511,9 +501,8 @@ class ElasticSimulator:
         self._ver[j] += 1
         dur = self.duration[j]
         done = dur - self.remaining[j]
-        ckpt = self.config.checkpoint_interval_s
-        if ckpt > 0 and self.ecfg.reclaim_notice_s <= 0:
-            kept = math.floor(done / ckpt) * ckpt
+        if self.ecfg.reclaim_notice_s <= 0:  # with notice, the job checkpoints before its servers go
+            kept = self._checkpointed(done)
             self.lost[j] += done - kept
             self.remaining[j] = dur - kept
         self.preemptions[j] += 1
@@ -616,8 +605,8 @@ class ElasticSimulator:
         tl["t"].append(t)
         tl["busy"].append(self.busy)
         tl["loaned_used"].append(self.busy_loaned)
-        tl["loaned"].append(self.n_loaned)
-        tl["inference"].append(self.held_gpus)
+        tl["loaned"].append(self.srv.servers_in[LOANED])
+        tl["inference"].append(self.srv.free_in[HELD])  # held servers run no training: all their GPUs are free
         tl["needed"].append(self.inf_needed)
         tl["queued"].append(self.n_waiting)
         tl["running"].append(len(self.running))
@@ -627,8 +616,6 @@ class ElasticSimulator:
         """Raise AssertionError if the cluster state is impossible."""
         srv = self.srv
         srv.check()
-        held = srv.group == HELD
-        assert (srv.free[held] == srv.cap[held]).all(), "a server held by inference runs training workers"
         used = 0
         for j in self.running:
             assert self.state[j] == RUNNING
@@ -641,7 +628,6 @@ class ElasticSimulator:
         assert used == self.busy == int((srv.cap - srv.free).sum())
         loaned = srv.group == LOANED
         assert self.busy_loaned == int((srv.cap[loaned] - srv.free[loaned]).sum())
-        assert self.n_loaned == int(loaned.sum())
         for j in self.running:
             assert abs(self.eff[j] - sum(sum(srv.occ[s][j]) * srv.speed[s] for s in self.where[j])) < 1e-6
             assert abs(self.eff_flex[j] - sum(srv.occ[s][j][1] * srv.speed[s] for s in self.where[j])) < 1e-6
@@ -691,7 +677,7 @@ class ElasticSimulator:
             }
         )
         meta: dict[str, Any] = {
-            "events": self.events_processed if hasattr(self, "events_processed") else 0,
+            "events": self.events_processed,
             "interrupted": interrupted,
             "unschedulable": dict(self.unschedulable),
             "lost_work_gpu_s": float(sum(lo * g for lo, g in zip(self.lost, self.gpus, strict=True))),
@@ -714,7 +700,8 @@ class ElasticSimulator:
         start, end = self.submit[0], self.submit[-1]
         loaned_used = time_weighted_mean(t, timeline["loaned_gpus_used"].to_numpy(), t[0], t[-1]) * (t[-1] - t[0])
         out = {
-            "usage": usage_over_window(t, timeline["busy_gpus"].to_numpy(), self.inference, self.srv, start, end),
+            "usage": usage_over_window(t, timeline["busy_gpus"].to_numpy(), self.inference, self.cluster_gpus,
+                                       start, end),
             "loaned_gpu_hours": float(loaned_used / 3600.0),
             "reclaims": self.counters["reclaims"],
             "reclaim_preemptions": self.counters["reclaim_preemptions"],
@@ -744,7 +731,21 @@ def held_schedule(time_s: np.ndarray, servers: np.ndarray, notice_s: float) -> t
     return times[keep], values[keep]
 
 
-def usage_over_window(time_s: np.ndarray, busy_gpus: np.ndarray, inference: Any, servers: Any,
+@dataclass(frozen=True)
+class PoolGPUs:
+    """The GPU capacities the usage metric divides by: training pools, inference pools, GPUs per inference server."""
+
+    training: int
+    inference: int
+    per_inference_server: int
+
+    @classmethod
+    def of(cls, cluster: Any) -> PoolGPUs:
+        per = max((p.gpus_per_node for p in cluster.inference_pools), default=0)
+        return cls(cluster.total_gpus("training"), cluster.total_gpus("inference"), per)
+
+
+def usage_over_window(time_s: np.ndarray, busy_gpus: np.ndarray, inference: Any, pools: PoolGPUs,
                       start: float, end: float) -> float:
     """GPU-time allocated to training and to inference over the capacity of both pools, in [start, end].
 
@@ -755,11 +756,11 @@ def usage_over_window(time_s: np.ndarray, busy_gpus: np.ndarray, inference: Any,
     if end <= start:
         return float("nan")
     train = time_weighted_mean(time_s, busy_gpus, start, end)
-    per_server = int(servers.cap[servers.inference_ids].max()) if len(servers.inference_ids) else 0
-    if inference is None or not per_server:
-        inf = servers.inference_gpus
+    if inference is None or not pools.per_inference_server:
+        inf = pools.inference
     else:
         inf = time_weighted_mean(np.asarray(inference.time_s, dtype=np.float64),
-                                 np.asarray(inference.servers, dtype=np.float64) * per_server, start, end)
-    cap = servers.training_gpus + servers.inference_gpus
+                                 np.asarray(inference.servers, dtype=np.float64) * pools.per_inference_server,
+                                 start, end)
+    cap = pools.training + pools.inference
     return float((train + inf) / cap) if cap else float("nan")

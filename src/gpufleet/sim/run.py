@@ -44,14 +44,13 @@ def run_one(spec: RunSpec) -> SimResult:
     sim = Simulator(Workload.from_frame(spec.jobs), partitions_for(spec.cluster), policy, spec.config)
     result = sim.run()
     if spec.inference is not None and spec.cluster.inference_pools:
-        from gpufleet.sim.elastic import usage_over_window
-        from gpufleet.sim.servers import Servers
+        from gpufleet.sim.elastic import PoolGPUs, usage_over_window
 
         t = result.timeline["time_s"].to_numpy()
         submit = result.jobs["submit_s"].to_numpy()
         if len(t) and len(submit):
             result.summary["usage"] = usage_over_window(t, result.timeline["busy_gpus"].to_numpy(), spec.inference,
-                                                        Servers(spec.cluster, 1.0), float(submit.min()),
+                                                        PoolGPUs.of(spec.cluster), float(submit.min()),
                                                         float(submit.max()))
     return result
 

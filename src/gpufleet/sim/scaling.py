@@ -61,13 +61,3 @@ class PerfCurve:
         hi = self._speed.throughput((lo + 1) * self.g, lo + 1) / self._one
         return t + (hi - t) * (workers - lo)
 
-
-def parse_curve(text: str) -> ScalingCurve:
-    """``"power:0.9"`` (or just a number) -> :class:`PowerLawCurve`; the CLI's ``--scaling`` value."""
-    kind, _, arg = text.partition(":")
-    try:
-        if kind == "power":
-            return PowerLawCurve(float(arg or 0.9))
-        return PowerLawCurve(float(kind))
-    except ValueError:
-        raise ConfigError(f"scaling curve '{text}': use 'power:ALPHA' with ALPHA in (0, 1], e.g. power:0.9") from None

@@ -41,6 +41,7 @@ class Servers:
         #: free and flexible GPUs per group (TRAINING, LOANED, HELD): an O(1) necessary condition for a fit
         self.free_in = [int(self.free[self.group == k].sum()) for k in (TRAINING, LOANED, HELD)]
         self.flex_in = [0, 0, 0]
+        self.servers_in = [int((self.group == k).sum()) for k in (TRAINING, LOANED, HELD)]
         #: server -> {job: [base workers, flexible workers]}
         self.occ: list[dict[int, list[int]]] = [{} for _ in caps]
 
@@ -51,10 +52,6 @@ class Servers:
     def loaned(self) -> np.ndarray:
         """Ids of the servers on loan, ascending."""
         return np.flatnonzero(self.group == LOANED)
-
-    def usable(self, loans: bool) -> np.ndarray:
-        """Boolean mask of servers training may use: training servers, plus loaned ones when ``loans``."""
-        return (self.group == TRAINING) | (self.group == LOANED) if loans else self.group == TRAINING
 
     def best_fit(self, g: int, mask: np.ndarray, with_flex: bool) -> int:
         """The server of ``mask`` with the least room that still holds ``g`` GPUs (room counts flexible GPUs
@@ -124,8 +121,10 @@ class Servers:
         for s in servers.tolist():
             assert self.free[s] == self.cap[s], "only an empty server changes hands"
             self.free_in[self.group[s]] -= int(self.cap[s])
+            self.servers_in[self.group[s]] -= 1
             self.group[s] = group
             self.free_in[group] += int(self.cap[s])
+            self.servers_in[group] += 1
 
     def flex_to_base(self, s: int, j: int, g: int) -> None:
         """Count one flexible worker of job ``j`` on ``s`` as a base worker from now on."""
@@ -141,6 +140,7 @@ class Servers:
         for k in (TRAINING, LOANED, HELD):
             assert self.free_in[k] == int(self.free[self.group == k].sum()), "free-GPU counter out of step"
             assert self.flex_in[k] == int(self.flex[self.group == k].sum()), "flexible-GPU counter out of step"
+            assert self.servers_in[k] == int((self.group == k).sum()), "server counter out of step"
 
     def occ_gpus_on(self, group: int) -> int:
         """GPUs in use on servers of ``group``."""
