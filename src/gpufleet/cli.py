@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 import typer
 from rich.console import Console
 
+from gpufleet.cli_diagnose import diagnose_app
 from gpufleet.errors import GpufleetError
 
 app = typer.Typer(
@@ -38,6 +39,7 @@ perf_app = typer.Typer(
     rich_markup_mode="markdown",
 )
 app.add_typer(perf_app, name="perf")
+app.add_typer(diagnose_app, name="diagnose")
 
 out = Console()
 if not out.is_terminal:  # piped output: do not squeeze tables into 80 columns

@@ -20,3 +20,7 @@ class TraceError(GpufleetError):
 
 class ConfigError(GpufleetError):
     """An option or combination of options is invalid (unknown policy, bad --opt value, ...)."""
+
+
+class DiagnoseError(GpufleetError):
+    """A profiler trace or timing file cannot be read or analysed (truncated JSON, missing column, ...)."""

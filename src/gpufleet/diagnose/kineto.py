@@ -1,0 +1,277 @@
+"""Reader of PyTorch profiler (Kineto) Chrome-trace files into columnar Polars frames.
+
+One file per rank, ``.json`` or ``.json.gz``. Complete events (``ph == "X"``) and instant events become one
+row each, with times in integer nanoseconds so that sums and joins are exact; flow events (``s``/``f``,
+categories ``ac2g``, ``async_cpu_to_gpu``, ``fwdbwd``) go to a separate frame. The rank comes from
+``distributedInfo.rank``, else from the file name (``rank-3``, ``rank3``, ``worker3``), else from the
+file's position in the folder. A truncated or malformed file raises :class:`DiagnoseError` naming the file
+and the byte offset where reading stopped.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import polars as pl
+
+from gpufleet.errors import DiagnoseError
+
+__all__ = ["TRACE_SUFFIXES", "TraceFile", "TraceSet", "find_trace_files", "load_bytes", "read_folder", "read_trace"]
+
+TRACE_SUFFIXES = (".json", ".json.gz")
+_RANK_IN_NAME = re.compile(r"(?:rank|worker)[-_.]?(\d+)", re.IGNORECASE)
+_FLOW_PHASES = {"s", "f", "t"}
+
+#: Event columns and their Polars types; every trace frame has exactly these, in this order.
+EVENT_SCHEMA: dict[str, pl.DataType] = {
+    "rank": pl.Int32(),
+    "ph": pl.Utf8(),
+    "cat": pl.Utf8(),
+    "name": pl.Utf8(),
+    "pid": pl.Int64(),
+    "tid": pl.Int64(),
+    "ts_ns": pl.Int64(),
+    "dur_ns": pl.Int64(),
+    "external_id": pl.Int64(),
+    "correlation": pl.Int64(),
+    "stream": pl.Int64(),
+    "device": pl.Int64(),
+    "collective": pl.Utf8(),
+    "in_nelems": pl.Int64(),
+    "out_nelems": pl.Int64(),
+    "group_size": pl.Int64(),
+    "dtype": pl.Utf8(),
+    "pg_name": pl.Utf8(),
+    "bytes": pl.Int64(),
+    "python_id": pl.Int64(),
+    "python_parent_id": pl.Int64(),
+}
+
+# args key -> event column, for the integer- and string-valued metadata we keep.
+_INT_ARGS = {
+    "external_id": "External id",
+    "correlation": "correlation",
+    "stream": "stream",
+    "device": "device",
+    "in_nelems": "In msg nelems",
+    "out_nelems": "Out msg nelems",
+    "group_size": "Group size",
+    "bytes": "bytes",
+    "python_id": "Python id",
+    "python_parent_id": "Python parent id",
+}
+_STR_ARGS = {"collective": "Collective name", "dtype": "dtype", "pg_name": "Process Group Name"}
+
+FLOW_SCHEMA: dict[str, pl.DataType] = {
+    "rank": pl.Int32(),
+    "ph": pl.Utf8(),
+    "cat": pl.Utf8(),
+    "id": pl.Int64(),
+    "pid": pl.Int64(),
+    "tid": pl.Int64(),
+    "ts_ns": pl.Int64(),
+}
+
+
+@dataclass
+class TraceFile:
+    """One rank's trace: its events, flows and the trace-level metadata (``distributedInfo``, devices)."""
+
+    path: Path
+    rank: int
+    rank_source: str  # "distributedInfo", "file name" or "position"
+    world_size: int | None
+    events: pl.DataFrame
+    flows: pl.DataFrame
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class TraceSet:
+    """The traces of one job: all ranks' events in one frame, plus what is known to be missing."""
+
+    files: list[TraceFile]
+    events: pl.DataFrame
+    flows: pl.DataFrame
+    world_size: int | None
+    missing_ranks: list[int]
+
+    @property
+    def ranks(self) -> list[int]:
+        """The ranks present, sorted."""
+        return sorted(f.rank for f in self.files)
+
+
+def load_bytes(path: Path) -> bytes:
+    """The decompressed bytes of a trace; a truncated gzip stream raises with the compressed offset reached."""
+    raw = path.read_bytes()
+    if not path.name.endswith(".gz"):
+        return raw
+    out: list[bytes] = []
+    pos = 0
+    while pos < len(raw):
+        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        try:
+            out.append(inflater.decompress(raw[pos:]))
+        except zlib.error as exc:
+            raise DiagnoseError(f"{path}: corrupt gzip data near byte {pos} ({exc}); the file is damaged") from None
+        if not inflater.eof:
+            done = len(raw) - pos - len(inflater.unconsumed_tail)
+            raise DiagnoseError(
+                f"{path}: gzip stream truncated at byte {pos + done} of {len(raw)} (after "
+                f"{sum(map(len, out))} bytes of JSON); the trace was cut off while being written"
+            )
+        pos = len(raw) - len(inflater.unused_data)
+        if inflater.unused_data.strip(b"\x00") == b"":
+            break
+    return b"".join(out)
+
+
+def _parse_json(path: Path, data: bytes) -> dict[str, Any]:
+    try:
+        doc = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        what = "ends early" if exc.pos >= len(data.rstrip()) - 1 else "is malformed"
+        raise DiagnoseError(
+            f"{path}: trace JSON {what} at offset {exc.pos} of {len(data)} bytes ({exc.msg}); "
+            "re-export the trace or drop this file"
+        ) from None
+    if isinstance(doc, list):  # a bare event array is valid Chrome-trace JSON
+        doc = {"traceEvents": doc}
+    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
+        raise DiagnoseError(f"{path}: no 'traceEvents' list; this is not a PyTorch profiler (Chrome) trace")
+    return doc
+
+
+def _as_int(value: Any) -> int | None:
+    """Kineto writes ids as ints, but some tools write tids like "stream 7" or floats; keep what is numeric."""
+    if value is None or isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return int(value)
+    digits = re.search(r"-?\d+", str(value))
+    return int(digits.group()) if digits else None
+
+
+def _ns(values: list[Any]) -> list[int | None]:
+    return [None if v is None else round(float(v) * 1000.0) for v in values]
+
+
+def _event_frame(events: list[dict[str, Any]], rank: int) -> pl.DataFrame:
+    """Columns of complete and instant events, built with one comprehension per column (fast in CPython)."""
+    args = [e.get("args") or {} for e in events]
+    cols: dict[str, list[Any]] = {
+        "ph": [e.get("ph") for e in events],
+        "cat": [e.get("cat") for e in events],
+        "name": [e.get("name") for e in events],
+        "pid": [_as_int(e.get("pid")) for e in events],
+        "tid": [_as_int(e.get("tid")) for e in events],
+        "ts_ns": _ns([e.get("ts") for e in events]),
+        "dur_ns": _ns([e.get("dur", 0) for e in events]),
+    }
+    for col, key in _INT_ARGS.items():
+        cols[col] = [_as_int(a.get(key)) for a in args]
+    for col, key in _STR_ARGS.items():
+        cols[col] = [None if (v := a.get(key)) is None else str(v) for a in args]
+    frame = pl.DataFrame(cols, schema={k: v for k, v in EVENT_SCHEMA.items() if k != "rank"}, strict=False)
+    return frame.with_columns(pl.lit(rank, dtype=pl.Int32).alias("rank")).select(list(EVENT_SCHEMA))
+
+
+def _flow_frame(flows: list[dict[str, Any]], rank: int) -> pl.DataFrame:
+    cols = {
+        "ph": [e.get("ph") for e in flows],
+        "cat": [e.get("cat") for e in flows],
+        "id": [_as_int(e.get("id")) for e in flows],
+        "pid": [_as_int(e.get("pid")) for e in flows],
+        "tid": [_as_int(e.get("tid")) for e in flows],
+        "ts_ns": _ns([e.get("ts") for e in flows]),
+    }
+    frame = pl.DataFrame(cols, schema={k: v for k, v in FLOW_SCHEMA.items() if k != "rank"}, strict=False)
+    return frame.with_columns(pl.lit(rank, dtype=pl.Int32).alias("rank")).select(list(FLOW_SCHEMA))
+
+
+def _rank_from_name(path: Path) -> int | None:
+    match = _RANK_IN_NAME.search(path.name)
+    return int(match.group(1)) if match else None
+
+
+def read_trace(path: str | Path, fallback_rank: int | None = None) -> TraceFile:
+    """Read one Kineto trace file into a :class:`TraceFile`."""
+    path = Path(path)
+    if not path.is_file():
+        raise DiagnoseError(f"{path}: no such trace file")
+    doc = _parse_json(path, load_bytes(path))
+    info = doc.get("distributedInfo") or {}
+    if isinstance(info.get("rank"), int):
+        rank, source = info["rank"], "distributedInfo"
+    elif (named := _rank_from_name(path)) is not None:
+        rank, source = named, "file name"
+    elif fallback_rank is not None:
+        rank, source = fallback_rank, "position"
+    else:
+        raise DiagnoseError(
+            f"{path}: the trace has no distributedInfo.rank and its name carries no rank; "
+            "name it like rank-0.json.gz or pass it within a folder"
+        )
+    raw = doc["traceEvents"]
+    complete = [e for e in raw if isinstance(e, dict) and e.get("ph") in ("X", "i", "I")]
+    flows = [e for e in raw if isinstance(e, dict) and e.get("ph") in _FLOW_PHASES]
+    world = info.get("world_size")
+    metadata = {k: v for k, v in doc.items() if k != "traceEvents"}
+    return TraceFile(
+        path=path,
+        rank=int(rank),
+        rank_source=source,
+        world_size=int(world) if isinstance(world, int) else None,
+        events=_event_frame(complete, int(rank)),
+        flows=_flow_frame(flows, int(rank)),
+        metadata=metadata,
+    )
+
+
+def find_trace_files(folder: Path) -> list[Path]:
+    """The trace files of a folder (not recursive), sorted by name."""
+    return sorted(p for p in folder.iterdir() if p.is_file() and p.name.endswith(TRACE_SUFFIXES))
+
+
+def read_folder(folder: str | Path, *, workers: int | None = None) -> TraceSet:
+    """Read every trace of a folder (or one file) into a :class:`TraceSet`; missing ranks are listed, not fatal.
+
+    Files are parsed on a thread pool: orjson and Polars release the GIL for much of the work.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    folder = Path(folder)
+    if folder.is_file():
+        paths = [folder]
+    elif folder.is_dir():
+        paths = find_trace_files(folder)
+    else:
+        raise DiagnoseError(f"{folder}: no such file or folder of traces")
+    if not paths:
+        raise DiagnoseError(f"{folder}: no trace files (*.json, *.json.gz) in this folder")
+    with ThreadPoolExecutor(max_workers=workers or min(8, len(paths))) as pool:
+        files = list(pool.map(lambda ip: read_trace(ip[1], fallback_rank=ip[0]), enumerate(paths)))
+    seen: dict[int, Path] = {}
+    for f in files:
+        if f.rank in seen:
+            raise DiagnoseError(
+                f"{f.path}: rank {f.rank} (from {f.rank_source}) also in {seen[f.rank]}; keep one trace per rank "
+                "in the folder"
+            )
+        seen[f.rank] = f.path
+    worlds = [f.world_size for f in files if f.world_size]
+    world = max(worlds) if worlds else None
+    expected = set(range(world)) if world else set(range(max(seen) + 1))
+    return TraceSet(
+        files=sorted(files, key=lambda f: f.rank),
+        events=pl.concat([f.events for f in files], how="vertical"),
+        flows=pl.concat([f.flows for f in files], how="vertical"),
+        world_size=world,
+        missing_ranks=sorted(expected - set(seen)),
+    )

@@ -1,0 +1,297 @@
+"""Differential localisation (PerfTracker): compare each function's behaviour across ranks and steps.
+
+Localisers are small classes registered by name, each turning the per-step function table into
+:class:`Finding` objects:
+
+- ``cross-rank``: per (domain, category) a rank's *active* time per step (time outside blocking
+  collectives and syncs, where it waits for others) against the other ranks: robust z-score over
+  median/MAD, cost = its mean excess per step, named after the function with the largest excess.
+- ``extra-calls``: functions one rank calls more often than the others (an unnecessary ``.item()``
+  per layer, a debug check); a sync among them makes the finding a ``sync``.
+- ``cross-step``: a rank's own steps against its median step: periodic long pauses.
+- ``patterns``: expected patterns every rank shares, which differential analysis cannot see: data
+  loading or exposed communication taking a large share of every rank's step.
+- ``hang``: ranks whose traces stop inside a collective that the others entered (see hang.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+import polars as pl
+
+from gpufleet.diagnose.categories import COMMUNICATION, CPU_STALL, DATA_LOADING, SYNC
+from gpufleet.diagnose.findings import Finding
+
+__all__ = ["LOCALISERS", "LocaliserContext", "Thresholds", "localiser", "robust_z"]
+
+MAD_TO_SIGMA = 1.4826
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Alarm thresholds: a finding alarms when its score and its cost both reach them."""
+
+    z: float = 3.5
+    cost_share: float = 0.02  # of the median step time
+    noise_share: float = 0.01  # floor of the robust spread, as a share of the median step time
+    data_share: float = 0.30  # data loading above this share of every rank's step is a pattern finding
+    comm_share: float = 0.50  # exposed communication above this share of every rank's step
+    pause_ratio: float = 3.0  # a step with this many times the median host stall is a pause
+
+
+@dataclass
+class LocaliserContext:
+    """What every localiser reads: the per-step function table and the step spans."""
+
+    steps: pl.DataFrame  # per (rank, step, domain, category, function, wait): calls, time_s
+    spans: pl.DataFrame  # per (rank, step): dur_ns
+    thresholds: Thresholds
+    host: pl.DataFrame | None = None  # the host timeline, for localisers that read single calls (hang)
+
+    @property
+    def step_s(self) -> float:
+        """Median step time over all ranks and steps, in seconds."""
+        return float(self.spans["dur_ns"].median() or 0.0) / 1e9
+
+    @property
+    def n_ranks(self) -> int:
+        """How many ranks the traces hold."""
+        return self.spans["rank"].n_unique()
+
+
+LOCALISERS: dict[str, type[Localiser]] = {}
+
+
+def localiser(name: str):
+    """Class decorator: register a localiser under ``name``."""
+
+    def register(cls: type[Localiser]) -> type[Localiser]:
+        cls.name = name
+        LOCALISERS[name] = cls
+        return cls
+
+    return register
+
+
+class Localiser:
+    """Turns the per-step function table into findings."""
+
+    name: ClassVar[str] = ""
+
+    def find(self, ctx: LocaliserContext) -> list[Finding]:  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+def robust_z(values: np.ndarray, floor: float) -> np.ndarray:
+    """(x - median) / max(1.4826 MAD, floor): how far each value sits from the others, robust to the outlier."""
+    med = np.median(values)
+    scale = max(MAD_TO_SIGMA * float(np.median(np.abs(values - med))), floor, 1e-12)
+    return (values - med) / scale
+
+
+def _alarm(score: float, cost: float, ctx: LocaliserContext) -> bool:
+    return score >= ctx.thresholds.z and cost >= ctx.thresholds.cost_share * ctx.step_s
+
+
+def _top_functions(rows: pl.DataFrame, rank: int, k: int = 3) -> list[dict]:
+    """The functions with the largest mean excess on ``rank`` (per-step excess over the cross-rank median)."""
+    excess = (
+        rows.with_columns((pl.col("time_s") - pl.col("time_s").median().over("step", "function")).alias("excess"))
+        .filter(pl.col("rank") == rank)
+        .group_by("function")
+        .agg(pl.col("excess").mean(), pl.col("time_s").mean().alias("this_rank_s"), pl.col("calls").mean())
+        .sort("excess", descending=True)
+        .head(k)
+    )
+    return [
+        {"function": r["function"], "excess_s_per_step": round(r["excess"], 6),
+         "this_rank_s_per_step": round(r["this_rank_s"], 6), "calls_per_step": round(r["calls"], 2)}
+        for r in excess.iter_rows(named=True)
+    ]
+
+
+@localiser("cross-rank")
+class CrossRank(Localiser):
+    """A rank whose active time in one category exceeds the other ranks' (they then wait for it)."""
+
+    def find(self, ctx: LocaliserContext) -> list[Finding]:
+        if ctx.n_ranks < 3:
+            return []
+        active = ctx.steps.filter(~pl.col("wait"))
+        per_step = active.group_by("rank", "step", "domain", "category").agg(pl.col("time_s").sum())
+        per_step = per_step.with_columns(
+            (pl.col("time_s") - pl.col("time_s").median().over("step", "domain", "category")).alias("excess")
+        )
+        per_rank = per_step.group_by("rank", "domain", "category").agg(
+            pl.col("excess").mean().alias("cost"),
+            pl.col("time_s").mean().alias("this_rank_s"),
+            (pl.col("excess") > ctx.thresholds.noise_share * ctx.step_s).mean().alias("steps_slow"),
+        )
+        waits = self._victims(ctx)
+        findings = []
+        floor = ctx.thresholds.noise_share * ctx.step_s
+        for (domain, category), group in per_rank.group_by("domain", "category"):
+            group = group.sort("rank")
+            z = robust_z(group["this_rank_s"].to_numpy(), floor)
+            for row, score in zip(group.iter_rows(named=True), z, strict=True):
+                if score < 2.0 or row["cost"] <= 0:
+                    continue
+                rows = active.filter((pl.col("domain") == domain) & (pl.col("category") == category))
+                top = _top_functions(rows, row["rank"])
+                findings.append(Finding(
+                    rank=row["rank"],
+                    function=top[0]["function"] if top else category,
+                    category=category,
+                    cost_s_per_step=row["cost"],
+                    score=float(score),
+                    evidence={
+                        "domain": domain,
+                        "this_rank_s_per_step": round(row["this_rank_s"], 6),
+                        "median_rank_s_per_step": round(row["this_rank_s"] - row["cost"], 6),
+                        "share_of_steps_slow": round(row["steps_slow"], 3),
+                        "top_functions": top,
+                        "others_wait_s_per_step": waits.get(row["rank"]),
+                    },
+                    localiser=self.name,
+                    alarm=_alarm(float(score), row["cost"], ctx),
+                ))
+        return findings
+
+    @staticmethod
+    def _victims(ctx: LocaliserContext) -> dict[int, float]:
+        """Per rank: how much longer the *other* ranks wait (blocking collectives, syncs) than this rank does."""
+        waits = ctx.steps.filter(pl.col("wait")).group_by("rank").agg(pl.col("time_s").sum())
+        if waits.height < 2:
+            return {}
+        steps = ctx.spans.group_by("rank").agg(pl.len().alias("n"))
+        per = waits.join(steps, on="rank").with_columns((pl.col("time_s") / pl.col("n")).alias("w"))
+        values = dict(zip(per["rank"].to_list(), per["w"].to_list(), strict=True))
+        return {r: round(float(np.median([w for q, w in values.items() if q != r])) - w, 6) for r, w in values.items()}
+
+
+@localiser("extra-calls")
+class ExtraCalls(Localiser):
+    """Functions one rank calls more often than the others; a sync among them names the finding ``sync``."""
+
+    def find(self, ctx: LocaliserContext) -> list[Finding]:
+        if ctx.n_ranks < 2:
+            return []
+        per_fn = ctx.steps.group_by("rank", "domain", "category", "function").agg(
+            pl.col("calls").mean(), pl.col("time_s").mean()
+        )
+        per_fn = per_fn.with_columns(
+            pl.col("calls").median().over("domain", "function").alias("median_calls"),
+            pl.col("time_s").median().over("domain", "function").alias("median_time"),
+        )
+        extra = per_fn.filter(
+            (pl.col("calls") >= pl.col("median_calls") + pl.max_horizontal(pl.lit(1.0), 0.5 * pl.col("median_calls")))
+        )
+        findings = []
+        for (rank,), group in extra.group_by("rank"):
+            cost = float((group["time_s"] - group["median_time"]).clip(lower_bound=0).sum())
+            syncs = group.filter(pl.col("category") == SYNC)
+            category = SYNC if syncs.height else group.sort("time_s", descending=True)["category"][0]
+            lead = (syncs if syncs.height else group).sort("calls", descending=True).row(0, named=True)
+            n_others = max(int(ctx.n_ranks) - 1, 1)
+            score = float(min(lead["calls"] - lead["median_calls"], 100.0) * np.sqrt(n_others))
+            findings.append(Finding(
+                rank=int(rank),
+                function=lead["function"],
+                category=category,
+                cost_s_per_step=cost,
+                score=score,
+                evidence={
+                    "extra_functions": [
+                        {"function": r["function"], "category": r["category"],
+                         "calls_per_step": round(r["calls"], 2), "median_calls_per_step": round(r["median_calls"], 2),
+                         "excess_s_per_step": round(r["time_s"] - r["median_time"], 6)}
+                        for r in group.sort("time_s", descending=True).head(6).iter_rows(named=True)
+                    ],
+                },
+                localiser=self.name,
+                alarm=_alarm(score, cost, ctx),
+            ))
+        return findings
+
+
+@localiser("cross-step")
+class CrossStep(Localiser):
+    """Long host pauses in some steps of a rank: host time outside ops far above the rank's median step."""
+
+    def find(self, ctx: LocaliserContext) -> list[Finding]:
+        stall = (
+            ctx.steps.filter((pl.col("category") == CPU_STALL) & (pl.col("domain") == "host"))
+            .group_by("rank", "step").agg(pl.col("time_s").sum())
+        )
+        findings = []
+        for (rank,), group in stall.group_by("rank"):
+            t = group.sort("step")["time_s"].to_numpy()
+            if len(t) < 3:
+                continue
+            med = float(np.median(t))
+            floor = ctx.thresholds.noise_share * ctx.step_s
+            spikes = t > max(ctx.thresholds.pause_ratio * med, med + 5 * floor)
+            if spikes.sum() < 2:
+                continue
+            cost = float((t[spikes] - med).sum() / len(t))
+            z = robust_z(t, floor)
+            score = float(np.median(z[spikes]))
+            steps = group.sort("step")["step"].to_numpy()[spikes]
+            period = float(np.median(np.diff(steps))) if len(steps) > 1 else None
+            findings.append(Finding(
+                rank=int(rank),
+                function="<host outside ops>",
+                category=CPU_STALL,
+                cost_s_per_step=cost,
+                score=score,
+                evidence={"pause_steps": steps.tolist(), "period_steps": period,
+                          "median_pause_s": round(float(np.median(t[spikes])), 6),
+                          "median_step_stall_s": round(med, 6)},
+                localiser=self.name,
+                alarm=_alarm(score, cost, ctx),
+            ))
+        if findings and len(findings) == ctx.n_ranks >= 2:  # every rank pauses: one shared finding
+            shared = min(findings, key=lambda f: f.cost_s_per_step)
+            shared.rank = None
+            shared.evidence["ranks"] = "all"
+            return [shared]
+        return findings
+
+
+@localiser("patterns")
+class ExpectedPatterns(Localiser):
+    """Problems every rank shares: data loading or exposed communication dominating the step."""
+
+    def find(self, ctx: LocaliserContext) -> list[Finding]:
+        step_s = ctx.step_s
+        if step_s <= 0:
+            return []
+        host = ctx.steps.filter(pl.col("domain") == "host")
+        per_rank = host.group_by("rank", "step", "category").agg(pl.col("time_s").sum()).group_by(
+            "rank", "category"
+        ).agg(pl.col("time_s").mean())
+        findings = []
+        rules = ((DATA_LOADING, ctx.thresholds.data_share), (COMMUNICATION, ctx.thresholds.comm_share))
+        for category, limit in rules:
+            shared = per_rank.filter(pl.col("category") == category)["time_s"]
+            if shared.len() < ctx.n_ranks or shared.len() == 0:
+                continue
+            floor_s = float(shared.min())  # what even the fastest rank spends: shared by all
+            share = floor_s / step_s
+            score = ctx.thresholds.z * share / limit
+            top = (host.filter(pl.col("category") == category).group_by("function").agg(pl.col("time_s").mean())
+                   .sort("time_s", descending=True))
+            findings.append(Finding(
+                rank=None,
+                function=top["function"][0] if top.height else category,
+                category=category,
+                cost_s_per_step=floor_s,
+                score=score,
+                evidence={"share_of_step_on_every_rank": round(share, 4), "rule_threshold_share": limit},
+                localiser=self.name,
+                alarm=share >= limit,
+            ))
+        return findings

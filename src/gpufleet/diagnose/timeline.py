@@ -1,0 +1,157 @@
+"""Per-rank timelines built from a trace frame: training steps, host-op nesting, self time and category.
+
+Host events (CPU ops, annotations, Python functions, runtime calls) nest on their thread; an event's
+*self* time is its duration minus its children's, so that summing self times never counts a moment
+twice. An event takes its category from its own name when it has one of the strong kinds
+(communication, sync, memcpy), else from its enclosing scope (everything under the DataLoader's
+``__next__`` is data loading), else its own (compute). The self time of a plain annotation
+(``ProfilerStep#N``, ``record_function`` ranges) is host time spent outside every op: Python work,
+garbage collection, sleeps; it is :data:`CPU_STALL` unless its scope says otherwise.
+
+Device events (kernels, copies, memsets) take the step of the runtime call that launched them
+(through the correlation id) and their own category.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+
+from gpufleet.diagnose.categories import COMPUTE, CPU_STALL, STRONG, category_expr
+
+HOST_CATS = ("cpu_op", "user_annotation", "python_function", "cuda_runtime", "cuda_driver")
+DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+ANNOTATION_CATS = ("user_annotation", "python_function")
+_STEP_RE = r"^ProfilerStep#(\d+)$"
+
+__all__ = ["DEVICE_CATS", "HOST_CATS", "device_timeline", "host_timeline", "step_spans"]
+
+
+def step_spans(events: pl.DataFrame) -> pl.DataFrame:
+    """``ProfilerStep#N`` spans per rank: rank, step, start_ns, end_ns, dur_ns, host pid/tid.
+
+    A rank without step annotations gets one span (step 0) over its whole host timeline, so that
+    single-shot traces still analyse.
+    """
+    steps = (
+        events.filter((pl.col("cat") == "user_annotation") & pl.col("name").str.contains(_STEP_RE))
+        .select(
+            "rank",
+            pl.col("name").str.extract(_STEP_RE, 1).cast(pl.Int64).alias("step"),
+            pl.col("ts_ns").alias("start_ns"),
+            (pl.col("ts_ns") + pl.col("dur_ns")).alias("end_ns"),
+            "pid",
+            "tid",
+        )
+        .unique(["rank", "step"], keep="first")
+    )
+    host = events.filter(pl.col("cat").is_in(HOST_CATS) & (pl.col("ph") == "X"))
+    without = host.select("rank").unique().join(steps.select("rank").unique(), on="rank", how="anti")
+    if without.height:
+        whole = (
+            host.join(without, on="rank")
+            .group_by("rank")
+            .agg(
+                pl.lit(0, dtype=pl.Int64).alias("step"),
+                pl.col("ts_ns").min().alias("start_ns"),
+                (pl.col("ts_ns") + pl.col("dur_ns")).max().alias("end_ns"),
+                pl.col("pid").mode().first().alias("pid"),
+                pl.col("tid").mode().first().alias("tid"),
+            )
+        )
+        steps = pl.concat([steps, whole.select(steps.columns)], how="vertical")
+    return steps.with_columns((pl.col("end_ns") - pl.col("start_ns")).alias("dur_ns")).sort("rank", "step")
+
+
+def _attach_steps(frame: pl.DataFrame, spans: pl.DataFrame) -> pl.DataFrame:
+    """Step of each event whose start lies inside a step span of its rank (others get a null step)."""
+    starts = spans.select("rank", "step", "start_ns", "end_ns").sort("start_ns")
+    out = frame.sort("ts_ns").join_asof(
+        starts, left_on="ts_ns", right_on="start_ns", by="rank", strategy="backward", check_sortedness=False
+    )
+    inside = pl.col("ts_ns") < pl.col("end_ns")
+    return out.with_columns(pl.when(inside).then(pl.col("step")).otherwise(None).alias("step")).drop(
+        "start_ns", "end_ns"
+    )
+
+
+def _nest(ts: np.ndarray, end: np.ndarray, own: list[str | None], is_annotation: np.ndarray, thread: np.ndarray):
+    """Self time, depth and scoped category of events sorted by (thread, ts, -dur): one stack walk."""
+    n = len(ts)
+    child_ns = np.zeros(n, dtype=np.int64)
+    depth = np.zeros(n, dtype=np.int32)
+    category: list[str] = [COMPUTE] * n
+    stack: list[int] = []
+    current_thread = None
+    ts_l, end_l, thread_l, ann_l = ts.tolist(), end.tolist(), thread.tolist(), is_annotation.tolist()
+    for i in range(n):
+        if thread_l[i] != current_thread:
+            stack.clear()
+            current_thread = thread_l[i]
+        start = ts_l[i]
+        while stack and end_l[stack[-1]] <= start:
+            stack.pop()
+        parent = stack[-1] if stack else -1
+        mine = own[i]
+        if parent >= 0:
+            child_ns[parent] += min(end_l[i], end_l[parent]) - start
+            depth[i] = depth[parent] + 1
+            scope = category[parent]
+            if mine in STRONG:
+                category[i] = mine
+            elif scope not in (COMPUTE, CPU_STALL):
+                category[i] = scope
+            else:
+                category[i] = mine or (CPU_STALL if ann_l[i] else COMPUTE)
+        else:
+            category[i] = mine or (CPU_STALL if ann_l[i] else COMPUTE)
+        stack.append(i)
+    return child_ns, depth, category
+
+
+def host_timeline(events: pl.DataFrame, spans: pl.DataFrame | None = None) -> pl.DataFrame:
+    """Host events with step, depth, self_ns and category; ``ProfilerStep`` spans become depth-0 parents.
+
+    Only complete events on host threads are kept. Self time of annotation events (including the
+    step itself) is host time outside any op, i.e. Python and interpreter stalls.
+    """
+    spans = step_spans(events) if spans is None else spans
+    host = events.filter(pl.col("cat").is_in(HOST_CATS) & (pl.col("ph") == "X")).select(
+        "rank", "cat", "name", "pid", "tid", "ts_ns", "dur_ns", "external_id", "correlation"
+    )
+    host = host.with_columns(category_expr().alias("own"))
+    host = host.sort(["rank", "pid", "tid", "ts_ns", "dur_ns"], descending=[False, False, False, False, True])
+    thread = (
+        host.select(pl.struct("rank", "pid", "tid").rank("dense").cast(pl.Int64)).to_series().to_numpy()
+        if host.height
+        else np.zeros(0, dtype=np.int64)
+    )
+    ts = host["ts_ns"].to_numpy()
+    end = ts + host["dur_ns"].fill_null(0).to_numpy()
+    is_ann = host["cat"].is_in(list(ANNOTATION_CATS)).to_numpy()
+    child_ns, depth, category = _nest(ts, end, host["own"].to_list(), is_ann, thread)
+    host = host.with_columns(
+        pl.Series("depth", depth),
+        pl.Series("category", category, dtype=pl.Utf8),
+        (pl.col("dur_ns") - pl.Series("child_ns", child_ns)).clip(lower_bound=0).alias("self_ns"),
+    ).drop("own")
+    return _attach_steps(host, spans)
+
+
+def device_timeline(events: pl.DataFrame, spans: pl.DataFrame | None = None) -> pl.DataFrame:
+    """Kernels, copies and memsets with their category and the step of the runtime call that launched them."""
+    spans = step_spans(events) if spans is None else spans
+    device = events.filter(pl.col("cat").is_in(DEVICE_CATS) & (pl.col("ph") == "X")).select(
+        "rank", "cat", "name", "pid", "tid", "ts_ns", "dur_ns", "correlation", "stream", "collective", "in_nelems"
+    )
+    device = device.with_columns(category_expr().fill_null(COMPUTE).alias("category"))
+    if not device.height:
+        return device.with_columns(pl.lit(None, dtype=pl.Int64).alias("step"))
+    launches = _attach_steps(
+        events.filter(pl.col("cat").is_in(["cuda_runtime", "cuda_driver"]) & pl.col("correlation").is_not_null())
+        .select("rank", "correlation", "ts_ns"),
+        spans,
+    ).select("rank", "correlation", pl.col("step").alias("launch_step"))
+    device = device.join(launches.unique(["rank", "correlation"]), on=["rank", "correlation"], how="left")
+    device = _attach_steps(device, spans)
+    return device.with_columns(pl.coalesce("launch_step", "step").alias("step")).drop("launch_step")
