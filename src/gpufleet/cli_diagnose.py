@@ -52,7 +52,9 @@ def analyze(
     top: Annotated[int, typer.Option(help="Show at most this many findings.")] = 10,
     show_all: Annotated[bool, typer.Option("--all", help="Also show findings below the alarm thresholds.")] = False,
     z: Annotated[float, typer.Option(help="Alarm threshold on the robust z-score.")] = 3.5,
-    min_cost: Annotated[float, typer.Option(help="Alarm threshold on time lost, as a share of the median step.")] = 0.02,
+    min_cost: Annotated[float, typer.Option(help="Alarm threshold on time lost, as a share of the median step.")] = (
+        0.02
+    ),
     localisers: Annotated[str | None, typer.Option(help="Comma-separated localisers to run (default: all).")] = None,
 ) -> None:
     from gpufleet.diagnose.analyzer import DEFAULT_LOCALISERS, TraceAnalyzer
@@ -109,7 +111,8 @@ def functions(
     summary = TraceAnalyzer(traces).function_summary()
     if rank is not None:
         summary = summary.filter(pl.col("rank") == rank)
-    summary = summary.sort(["rank", "total_s"], descending=[False, True]).group_by("rank", maintain_order=True).head(top)
+    summary = summary.sort(["rank", "total_s"], descending=[False, True])
+    summary = summary.group_by("rank", maintain_order=True).head(top)
     if as_json:
         print(json.dumps(summary.to_dicts(), indent=2, default=str))
         return

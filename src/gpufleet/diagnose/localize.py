@@ -187,7 +187,7 @@ class ExtraCalls(Localiser):
             pl.col("time_s").median().over("domain", "function").alias("median_time"),
         )
         extra = per_fn.filter(
-            (pl.col("calls") >= pl.col("median_calls") + pl.max_horizontal(pl.lit(1.0), 0.5 * pl.col("median_calls")))
+            pl.col("calls") >= pl.col("median_calls") + pl.max_horizontal(pl.lit(1.0), 0.5 * pl.col("median_calls"))
         )
         findings = []
         for (rank,), group in extra.group_by("rank"):
