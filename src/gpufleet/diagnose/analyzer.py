@@ -71,7 +71,7 @@ class TraceAnalyzer:
 
     @cached_property
     def per_step(self) -> pl.DataFrame:
-        """Per (rank, step, domain, category, function, wait): calls and seconds."""
+        """Per (rank, step, domain, category, function): calls, own seconds and seconds waiting on others."""
         return per_step_functions(self.timelines)
 
     def function_summary(self) -> pl.DataFrame:
@@ -86,9 +86,12 @@ class TraceAnalyzer:
         """Per (rank, domain, category): mean seconds per step (the heat map of the report)."""
         n = self.timelines.spans.group_by("rank").agg(pl.len().alias("steps"))
         return (
-            self.per_step.group_by("rank", "domain", "category").agg(pl.col("time_s").sum())
-            .join(n, on="rank").with_columns((pl.col("time_s") / pl.col("steps")).alias("s_per_step"))
-            .drop("steps").sort("rank", "domain", "category")
+            self.per_step.group_by("rank", "domain", "category")
+            .agg(pl.col("time_s").sum())
+            .join(n, on="rank")
+            .with_columns((pl.col("time_s") / pl.col("steps")).alias("s_per_step"))
+            .drop("steps")
+            .sort("rank", "domain", "category")
         )
 
     def diagnose(self, localisers: Sequence[str] = DEFAULT_LOCALISERS) -> Diagnosis:
@@ -97,7 +100,11 @@ class TraceAnalyzer:
         if unknown:
             raise DiagnoseError(f"unknown localiser(s) {', '.join(unknown)}; choose from {', '.join(LOCALISERS)}")
         ctx = LocaliserContext(
-            steps=self.per_step, spans=self.timelines.spans, thresholds=self.thresholds, host=self.timelines.host
+            steps=self.per_step,
+            spans=self.timelines.spans,
+            thresholds=self.thresholds,
+            host=self.timelines.host,
+            device=self.timelines.device,
         )
         found: list[Finding] = []
         for name in localisers:
@@ -106,8 +113,15 @@ class TraceAnalyzer:
         if self.traces.missing_ranks:
             shown = ", ".join(map(str, self.traces.missing_ranks[:16]))
             more = len(self.traces.missing_ranks) - 16
-            notes.append(f"no trace for rank(s) {shown}{f' and {more} more' if more > 0 else ''} "
-                         f"(world size {self.traces.world_size})")
+            notes.append(
+                f"no trace for rank(s) {shown}{f' and {more} more' if more > 0 else ''} "
+                f"(world size {self.traces.world_size})"
+            )
+        if self.traces.skipped:
+            notes.append(
+                f"skipped {len(self.traces.skipped)} JSON file(s) that are not traces: "
+                + ", ".join(p.name for p in self.traces.skipped[:5])
+            )
         if ctx.n_ranks < 3:
             notes.append("cross-rank comparison needs at least 3 ranks; only pattern rules and per-rank checks ran")
         steps = self.timelines.spans.group_by("rank").agg(pl.len()).sort("rank")

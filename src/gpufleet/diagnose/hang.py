@@ -14,20 +14,28 @@ import polars as pl
 from gpufleet.diagnose.categories import COMMUNICATION, HANG
 from gpufleet.diagnose.findings import Finding
 from gpufleet.diagnose.localize import Localiser, LocaliserContext, localiser
+from gpufleet.diagnose.timeline import COLLECTIVE_IMPL
 
 __all__ = ["HangLocaliser", "collective_calls"]
 
 _COLLECTIVE_CATS = ["cpu_op", "cuda_runtime"]
 
 
-def collective_calls(host: pl.DataFrame) -> pl.DataFrame:
-    """Outermost blocking collective calls per rank, in order: rank, seq, function, ts_ns, dur_ns."""
-    comm = host.filter(pl.col("cat").is_in(_COLLECTIVE_CATS) & (pl.col("category") == COMMUNICATION))
-    comm = comm.sort("rank", "ts_ns")
-    end = pl.col("ts_ns") + pl.col("dur_ns")
-    # drop calls nested in an earlier collective of the same rank (gloo:all_reduce inside c10d::allreduce_)
-    outer = comm.filter(pl.col("ts_ns") >= end.cum_max().shift(1).over("rank").fill_null(0))
-    return outer.select(
+def collective_calls(host: pl.DataFrame, device: pl.DataFrame | None = None) -> pl.DataFrame:
+    """Blocking collective calls per rank, in order: rank, seq, function, ts_ns, dur_ns.
+
+    The collective itself is what waits for the peers: gloo's ``gloo:all_reduce`` on its worker thread,
+    or the NCCL kernel on the GPU. Host ops (``c10d::allreduce_``) only launch it and return.
+    """
+    calls = host.filter(pl.col("name").str.contains(COLLECTIVE_IMPL)).select("rank", "name", "ts_ns", "dur_ns")
+    if calls.is_empty() and device is not None:
+        calls = device.filter(pl.col("category") == COMMUNICATION).select("rank", "name", "ts_ns", "dur_ns")
+    if calls.is_empty():
+        calls = host.filter(pl.col("cat").is_in(_COLLECTIVE_CATS) & (pl.col("category") == COMMUNICATION)).select(
+            "rank", "name", "ts_ns", "dur_ns"
+        )
+    calls = calls.sort("rank", "ts_ns")
+    return calls.select(
         "rank", pl.int_range(pl.len()).over("rank").alias("seq"), pl.col("name").alias("function"), "ts_ns", "dur_ns"
     )
 
@@ -39,7 +47,7 @@ class HangLocaliser(Localiser):
     def find(self, ctx: LocaliserContext) -> list[Finding]:
         if ctx.host is None or ctx.n_ranks < 2:
             return []
-        calls = collective_calls(ctx.host)
+        calls = collective_calls(ctx.host, ctx.device)
         if calls.is_empty():
             return []
         counts = calls.group_by("rank").agg(pl.len().alias("n"))
@@ -56,20 +64,22 @@ class HangLocaliser(Localiser):
             return []  # the last collective ended normally: a trace cut short, not a hang
         findings = []
         for row in behind.iter_rows(named=True):
-            findings.append(Finding(
-                rank=int(row["rank"]),
-                function=str(stuck["function"][0]),
-                category=HANG,
-                cost_s_per_step=stuck_s,
-                score=float("inf") if usual == 0 else stuck_s * 1e9 / usual,
-                evidence={
-                    "collectives_entered": int(row["n"]),
-                    "collectives_entered_by_others": most,
-                    "others_stuck_s": round(stuck_s, 6),
-                    "usual_duration_s": round(usual / 1e9, 6),
-                    "waiting_ranks": sorted(stuck["rank"].to_list()),
-                },
-                localiser=self.name,
-                alarm=True,
-            ))
+            findings.append(
+                Finding(
+                    rank=int(row["rank"]),
+                    function=str(stuck["function"][0]),
+                    category=HANG,
+                    cost_s_per_step=stuck_s,
+                    score=float("inf") if usual == 0 else stuck_s * 1e9 / usual,
+                    evidence={
+                        "collectives_entered": int(row["n"]),
+                        "collectives_entered_by_others": most,
+                        "others_stuck_s": round(stuck_s, 6),
+                        "usual_duration_s": round(usual / 1e9, 6),
+                        "waiting_ranks": sorted(stuck["rank"].to_list()),
+                    },
+                    localiser=self.name,
+                    alarm=True,
+                )
+            )
         return findings

@@ -21,7 +21,16 @@ import polars as pl
 
 from gpufleet.errors import DiagnoseError
 
-__all__ = ["TRACE_SUFFIXES", "TraceFile", "TraceSet", "find_trace_files", "load_bytes", "read_folder", "read_trace"]
+__all__ = [
+    "TRACE_SUFFIXES",
+    "NotATraceError",
+    "TraceFile",
+    "TraceSet",
+    "find_trace_files",
+    "load_bytes",
+    "read_folder",
+    "read_trace",
+]
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 _RANK_IN_NAME = re.compile(r"(?:rank|worker)[-_.]?(\d+)", re.IGNORECASE)
@@ -78,6 +87,10 @@ FLOW_SCHEMA: dict[str, pl.DataType] = {
 }
 
 
+class NotATraceError(DiagnoseError):
+    """A JSON file that is valid but holds no ``traceEvents``: skipped inside a folder, an error on its own."""
+
+
 @dataclass
 class TraceFile:
     """One rank's trace: its events, flows and the trace-level metadata (``distributedInfo``, devices)."""
@@ -100,6 +113,7 @@ class TraceSet:
     flows: pl.DataFrame
     world_size: int | None
     missing_ranks: list[int]
+    skipped: list[Path] = field(default_factory=list)
 
     @property
     def ranks(self) -> list[int]:
@@ -144,7 +158,7 @@ def _parse_json(path: Path, data: bytes) -> dict[str, Any]:
     if isinstance(doc, list):  # a bare event array is valid Chrome-trace JSON
         doc = {"traceEvents": doc}
     if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
-        raise DiagnoseError(f"{path}: no 'traceEvents' list; this is not a PyTorch profiler (Chrome) trace")
+        raise NotATraceError(f"{path}: no 'traceEvents' list; this is not a PyTorch profiler (Chrome) trace")
     return doc
 
 
@@ -255,8 +269,20 @@ def read_folder(folder: str | Path, *, workers: int | None = None) -> TraceSet:
         raise DiagnoseError(f"{folder}: no such file or folder of traces")
     if not paths:
         raise DiagnoseError(f"{folder}: no trace files (*.json, *.json.gz) in this folder")
+    def read_or_skip(index: int, path: Path) -> TraceFile | Path:
+        try:
+            return read_trace(path, fallback_rank=index)
+        except NotATraceError:
+            if len(paths) == 1:
+                raise
+            return path
+
     with ThreadPoolExecutor(max_workers=workers or min(8, len(paths))) as pool:
-        files = list(pool.map(lambda ip: read_trace(ip[1], fallback_rank=ip[0]), enumerate(paths)))
+        read = list(pool.map(lambda ip: read_or_skip(*ip), enumerate(paths)))
+    files = [r for r in read if isinstance(r, TraceFile)]
+    skipped = [r for r in read if isinstance(r, Path)]
+    if not files:
+        raise DiagnoseError(f"{folder}: none of its {len(paths)} JSON files is a profiler trace (no 'traceEvents')")
     seen: dict[int, Path] = {}
     for f in files:
         if f.rank in seen:
@@ -274,4 +300,5 @@ def read_folder(folder: str | Path, *, workers: int | None = None) -> TraceSet:
         flows=pl.concat([f.flows for f in files], how="vertical"),
         world_size=world,
         missing_ranks=sorted(expected - set(seen)),
+        skipped=skipped,
     )

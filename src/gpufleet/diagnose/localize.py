@@ -46,10 +46,11 @@ class Thresholds:
 class LocaliserContext:
     """What every localiser reads: the per-step function table and the step spans."""
 
-    steps: pl.DataFrame  # per (rank, step, domain, category, function, wait): calls, time_s
+    steps: pl.DataFrame  # per (rank, step, domain, category, function): calls, time_s (own), wait_s
     spans: pl.DataFrame  # per (rank, step): dur_ns
     thresholds: Thresholds
     host: pl.DataFrame | None = None  # the host timeline, for localisers that read single calls (hang)
+    device: pl.DataFrame | None = None  # the device timeline (kernels, copies)
 
     @property
     def step_s(self) -> float:
@@ -107,8 +108,12 @@ def _top_functions(rows: pl.DataFrame, rank: int, k: int = 3) -> list[dict]:
         .head(k)
     )
     return [
-        {"function": r["function"], "excess_s_per_step": round(r["excess"], 6),
-         "this_rank_s_per_step": round(r["this_rank_s"], 6), "calls_per_step": round(r["calls"], 2)}
+        {
+            "function": r["function"],
+            "excess_s_per_step": round(r["excess"], 6),
+            "this_rank_s_per_step": round(r["this_rank_s"], 6),
+            "calls_per_step": round(r["calls"], 2),
+        }
         for r in excess.iter_rows(named=True)
     ]
 
@@ -120,7 +125,7 @@ class CrossRank(Localiser):
     def find(self, ctx: LocaliserContext) -> list[Finding]:
         if ctx.n_ranks < 3:
             return []
-        active = ctx.steps.filter(~pl.col("wait"))
+        active = ctx.steps
         per_step = active.group_by("rank", "step", "domain", "category").agg(pl.col("time_s").sum())
         per_step = per_step.with_columns(
             (pl.col("time_s") - pl.col("time_s").median().over("step", "domain", "category")).alias("excess")
@@ -141,29 +146,31 @@ class CrossRank(Localiser):
                     continue
                 rows = active.filter((pl.col("domain") == domain) & (pl.col("category") == category))
                 top = _top_functions(rows, row["rank"])
-                findings.append(Finding(
-                    rank=row["rank"],
-                    function=top[0]["function"] if top else category,
-                    category=category,
-                    cost_s_per_step=row["cost"],
-                    score=float(score),
-                    evidence={
-                        "domain": domain,
-                        "this_rank_s_per_step": round(row["this_rank_s"], 6),
-                        "median_rank_s_per_step": round(row["this_rank_s"] - row["cost"], 6),
-                        "share_of_steps_slow": round(row["steps_slow"], 3),
-                        "top_functions": top,
-                        "others_wait_s_per_step": waits.get(row["rank"]),
-                    },
-                    localiser=self.name,
-                    alarm=_alarm(float(score), row["cost"], ctx),
-                ))
+                findings.append(
+                    Finding(
+                        rank=row["rank"],
+                        function=top[0]["function"] if top else category,
+                        category=category,
+                        cost_s_per_step=row["cost"],
+                        score=float(score),
+                        evidence={
+                            "domain": domain,
+                            "this_rank_s_per_step": round(row["this_rank_s"], 6),
+                            "median_rank_s_per_step": round(row["this_rank_s"] - row["cost"], 6),
+                            "share_of_steps_slow": round(row["steps_slow"], 3),
+                            "top_functions": top,
+                            "others_wait_s_per_step": waits.get(row["rank"]),
+                        },
+                        localiser=self.name,
+                        alarm=_alarm(float(score), row["cost"], ctx),
+                    )
+                )
         return findings
 
     @staticmethod
     def _victims(ctx: LocaliserContext) -> dict[int, float]:
         """Per rank: how much longer the *other* ranks wait (blocking collectives, syncs) than this rank does."""
-        waits = ctx.steps.filter(pl.col("wait")).group_by("rank").agg(pl.col("time_s").sum())
+        waits = ctx.steps.group_by("rank").agg(pl.col("wait_s").sum().alias("time_s"))
         if waits.height < 2:
             return {}
         steps = ctx.spans.group_by("rank").agg(pl.len().alias("n"))
@@ -180,11 +187,11 @@ class ExtraCalls(Localiser):
         if ctx.n_ranks < 2:
             return []
         per_fn = ctx.steps.group_by("rank", "domain", "category", "function").agg(
-            pl.col("calls").mean(), pl.col("time_s").mean()
+            pl.col("calls").mean(), (pl.col("time_s") + pl.col("wait_s")).mean().alias("time_s")
         )
         per_fn = per_fn.with_columns(
-            pl.col("calls").median().over("domain", "function").alias("median_calls"),
-            pl.col("time_s").median().over("domain", "function").alias("median_time"),
+            pl.col("calls").median().over("domain", "category", "function").alias("median_calls"),
+            pl.col("time_s").median().over("domain", "category", "function").alias("median_time"),
         )
         extra = per_fn.filter(
             pl.col("calls") >= pl.col("median_calls") + pl.max_horizontal(pl.lit(1.0), 0.5 * pl.col("median_calls"))
@@ -197,23 +204,29 @@ class ExtraCalls(Localiser):
             lead = (syncs if syncs.height else group).sort("calls", descending=True).row(0, named=True)
             n_others = max(int(ctx.n_ranks) - 1, 1)
             score = float(min(lead["calls"] - lead["median_calls"], 100.0) * np.sqrt(n_others))
-            findings.append(Finding(
-                rank=int(rank),
-                function=lead["function"],
-                category=category,
-                cost_s_per_step=cost,
-                score=score,
-                evidence={
-                    "extra_functions": [
-                        {"function": r["function"], "category": r["category"],
-                         "calls_per_step": round(r["calls"], 2), "median_calls_per_step": round(r["median_calls"], 2),
-                         "excess_s_per_step": round(r["time_s"] - r["median_time"], 6)}
-                        for r in group.sort("time_s", descending=True).head(6).iter_rows(named=True)
-                    ],
-                },
-                localiser=self.name,
-                alarm=_alarm(score, cost, ctx),
-            ))
+            findings.append(
+                Finding(
+                    rank=int(rank),
+                    function=lead["function"],
+                    category=category,
+                    cost_s_per_step=cost,
+                    score=score,
+                    evidence={
+                        "extra_functions": [
+                            {
+                                "function": r["function"],
+                                "category": r["category"],
+                                "calls_per_step": round(r["calls"], 2),
+                                "median_calls_per_step": round(r["median_calls"], 2),
+                                "excess_s_per_step": round(r["time_s"] - r["median_time"], 6),
+                            }
+                            for r in group.sort("time_s", descending=True).head(6).iter_rows(named=True)
+                        ],
+                    },
+                    localiser=self.name,
+                    alarm=_alarm(score, cost, ctx),
+                )
+            )
         return findings
 
 
@@ -224,7 +237,8 @@ class CrossStep(Localiser):
     def find(self, ctx: LocaliserContext) -> list[Finding]:
         stall = (
             ctx.steps.filter((pl.col("category") == CPU_STALL) & (pl.col("domain") == "host"))
-            .group_by("rank", "step").agg(pl.col("time_s").sum())
+            .group_by("rank", "step")
+            .agg(pl.col("time_s").sum())
         )
         findings = []
         for (rank,), group in stall.group_by("rank"):
@@ -241,18 +255,23 @@ class CrossStep(Localiser):
             score = float(np.median(z[spikes]))
             steps = group.sort("step")["step"].to_numpy()[spikes]
             period = float(np.median(np.diff(steps))) if len(steps) > 1 else None
-            findings.append(Finding(
-                rank=int(rank),
-                function="<host outside ops>",
-                category=CPU_STALL,
-                cost_s_per_step=cost,
-                score=score,
-                evidence={"pause_steps": steps.tolist(), "period_steps": period,
-                          "median_pause_s": round(float(np.median(t[spikes])), 6),
-                          "median_step_stall_s": round(med, 6)},
-                localiser=self.name,
-                alarm=_alarm(score, cost, ctx),
-            ))
+            findings.append(
+                Finding(
+                    rank=int(rank),
+                    function="<host outside ops>",
+                    category=CPU_STALL,
+                    cost_s_per_step=cost,
+                    score=score,
+                    evidence={
+                        "pause_steps": steps.tolist(),
+                        "period_steps": period,
+                        "median_pause_s": round(float(np.median(t[spikes])), 6),
+                        "median_step_stall_s": round(med, 6),
+                    },
+                    localiser=self.name,
+                    alarm=_alarm(score, cost, ctx),
+                )
+            )
         if findings and len(findings) == ctx.n_ranks >= 2:  # every rank pauses: one shared finding
             shared = min(findings, key=lambda f: f.cost_s_per_step)
             shared.rank = None
@@ -270,9 +289,12 @@ class ExpectedPatterns(Localiser):
         if step_s <= 0:
             return []
         host = ctx.steps.filter(pl.col("domain") == "host")
-        per_rank = host.group_by("rank", "step", "category").agg(pl.col("time_s").sum()).group_by(
-            "rank", "category"
-        ).agg(pl.col("time_s").mean())
+        per_rank = (
+            host.group_by("rank", "step", "category")
+            .agg(pl.col("time_s").sum())
+            .group_by("rank", "category")
+            .agg(pl.col("time_s").mean())
+        )
         findings = []
         rules = ((DATA_LOADING, ctx.thresholds.data_share), (COMMUNICATION, ctx.thresholds.comm_share))
         for category, limit in rules:
@@ -282,16 +304,22 @@ class ExpectedPatterns(Localiser):
             floor_s = float(shared.min())  # what even the fastest rank spends: shared by all
             share = floor_s / step_s
             score = ctx.thresholds.z * share / limit
-            top = (host.filter(pl.col("category") == category).group_by("function").agg(pl.col("time_s").mean())
-                   .sort("time_s", descending=True))
-            findings.append(Finding(
-                rank=None,
-                function=top["function"][0] if top.height else category,
-                category=category,
-                cost_s_per_step=floor_s,
-                score=score,
-                evidence={"share_of_step_on_every_rank": round(share, 4), "rule_threshold_share": limit},
-                localiser=self.name,
-                alarm=share >= limit,
-            ))
+            top = (
+                host.filter(pl.col("category") == category)
+                .group_by("function")
+                .agg(pl.col("time_s").mean())
+                .sort("time_s", descending=True)
+            )
+            findings.append(
+                Finding(
+                    rank=None,
+                    function=top["function"][0] if top.height else category,
+                    category=category,
+                    cost_s_per_step=floor_s,
+                    score=score,
+                    evidence={"share_of_step_on_every_rank": round(share, 4), "rule_threshold_share": limit},
+                    localiser=self.name,
+                    alarm=share >= limit,
+                )
+            )
         return findings

@@ -11,22 +11,11 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from gpufleet.diagnose.categories import COMMUNICATION, SYNC, category_expr
 from gpufleet.diagnose.timeline import device_timeline, host_timeline, step_spans
 
 __all__ = ["Timelines", "build_timelines", "function_summary", "per_step_functions"]
 
-_KEYS = ["rank", "domain", "category", "function", "wait"]
-_WAIT_CATS = ["cpu_op", "cuda_runtime", "cuda_driver", "kernel"]
-
-
-def _wait() -> pl.Expr:
-    """Blocking collectives and synchronisations: their time is spent waiting for someone else.
-
-    A rank that others wait for spends *less* time in these, so the differential excludes them from
-    a rank's own active time and reads their excess on the other ranks as victims' waiting.
-    """
-    return (pl.col("cat").is_in(_WAIT_CATS) & category_expr().is_in([COMMUNICATION, SYNC])).alias("wait")
+_KEYS = ["rank", "domain", "category", "function"]
 
 
 @dataclass
@@ -56,10 +45,19 @@ def _function_name() -> pl.Expr:
 
 
 def _calls(t: Timelines) -> pl.DataFrame:
-    """One row per call: rank, step, domain, category, function, wait, time_ns (self time on the host)."""
+    """One row per call: rank, step, domain, category, function, time_ns (own work), wait_ns (waiting on others).
+
+    On the host both come from the call's self time; on the device a collective kernel's whole
+    duration is waiting plus transfer, which a trace cannot split.
+    """
     host = t.host.filter(pl.col("step").is_not_null() & ~pl.col("name").str.starts_with("ProfilerStep#")).select(
-        "rank", "step", pl.lit("host").alias("domain"), "category", _function_name(), _wait(),
-        pl.col("self_ns").alias("time_ns"),
+        "rank",
+        "step",
+        pl.lit("host").alias("domain"),
+        "category",
+        _function_name(),
+        (pl.col("self_ns") - pl.col("wait_ns")).alias("time_ns"),
+        "wait_ns",
     )
     step_self = t.host.filter(pl.col("name").str.starts_with("ProfilerStep#") & pl.col("step").is_not_null()).select(
         "rank",
@@ -67,33 +65,36 @@ def _calls(t: Timelines) -> pl.DataFrame:
         pl.lit("host").alias("domain"),
         "category",
         pl.lit("<host outside ops>").alias("function"),
-        pl.lit(False).alias("wait"),
         pl.col("self_ns").alias("time_ns"),
+        pl.lit(0, dtype=pl.Int64).alias("wait_ns"),
     )
     device = t.device.filter(pl.col("step").is_not_null()).select(
-        "rank", "step", pl.lit("device").alias("domain"), "category", _function_name(), _wait(),
-        pl.col("dur_ns").alias("time_ns"),
+        "rank",
+        "step",
+        pl.lit("device").alias("domain"),
+        "category",
+        _function_name(),
+        (pl.col("dur_ns") - pl.col("wait_ns")).alias("time_ns"),
+        "wait_ns",
     )
     return pl.concat([host, step_self, device], how="vertical")
 
 
 def per_step_functions(t: Timelines) -> pl.DataFrame:
-    """Per (rank, step, domain, category, function): calls and time in seconds, zero-filled across ranks.
+    """Per (rank, step, domain, category, function): calls, own time and wait in seconds, zero-filled across ranks.
 
     A function that some rank never calls in a step gets a row with zero calls there, so that
     cross-rank comparisons see the absence (an extra ``.item()`` on one rank is an anomaly).
     """
     calls = _calls(t)
     agg = calls.group_by(["rank", "step", *_KEYS[1:]]).agg(
-        pl.len().alias("calls"), (pl.col("time_ns").sum() / 1e9).alias("time_s")
+        pl.len().alias("calls"), (pl.col("time_ns").sum() / 1e9).alias("time_s"),
+        (pl.col("wait_ns").sum() / 1e9).alias("wait_s"),
     )
-    grid = (
-        agg.select(_KEYS[1:]).unique()
-        .join(t.spans.select("rank", "step"), how="cross")
-    )
+    grid = agg.select(_KEYS[1:]).unique().join(t.spans.select("rank", "step"), how="cross")
     return (
         grid.join(agg, on=["rank", "step", *_KEYS[1:]], how="left")
-        .with_columns(pl.col("calls").fill_null(0), pl.col("time_s").fill_null(0.0))
+        .with_columns(pl.col("calls").fill_null(0), pl.col("time_s").fill_null(0.0), pl.col("wait_s").fill_null(0.0))
         .sort("rank", "step", *_KEYS[1:])
     )
 
@@ -101,13 +102,12 @@ def per_step_functions(t: Timelines) -> pl.DataFrame:
 def function_summary(t: Timelines) -> pl.DataFrame:
     """Per (rank, domain, category, function): count per step, total/mean/p50/p95/CV of call time, share of step."""
     calls = _calls(t)
-    step_time = t.spans.group_by("rank").agg(
-        (pl.col("dur_ns").sum() / 1e9).alias("steps_s"), pl.len().alias("steps")
-    )
-    secs = pl.col("time_ns") / 1e9
+    step_time = t.spans.group_by("rank").agg((pl.col("dur_ns").sum() / 1e9).alias("steps_s"), pl.len().alias("steps"))
+    secs = (pl.col("time_ns") + pl.col("wait_ns")) / 1e9
     out = calls.group_by(_KEYS).agg(
         pl.len().alias("calls"),
         secs.sum().alias("total_s"),
+        (pl.col("wait_ns").sum() / 1e9).alias("wait_s"),
         secs.mean().alias("mean_s"),
         secs.median().alias("p50_s"),
         secs.quantile(0.95, "linear").alias("p95_s"),

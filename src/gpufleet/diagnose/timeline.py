@@ -17,12 +17,15 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from gpufleet.diagnose.categories import COMPUTE, CPU_STALL, STRONG, category_expr
+from gpufleet.diagnose.categories import COMMUNICATION, COMPUTE, CPU_STALL, STRONG, SYNC, category_expr
 
 HOST_CATS = ("cpu_op", "user_annotation", "python_function", "cuda_runtime", "cuda_driver")
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 ANNOTATION_CATS = ("user_annotation", "python_function")
 _STEP_RE = r"^ProfilerStep#(\d+)$"
+_NEST_TOLERANCE_NS = 2_000  # Kineto rounds host timestamps to the microsecond
+#: Host events that *are* a collective in flight (gloo runs them on its own worker threads).
+COLLECTIVE_IMPL = r"^(?:gloo|nccl|mpi|ucc):"
 
 __all__ = ["DEVICE_CATS", "HOST_CATS", "device_timeline", "host_timeline", "step_spans"]
 
@@ -89,7 +92,9 @@ def _nest(ts: np.ndarray, end: np.ndarray, own: list[str | None], is_annotation:
             stack.clear()
             current_thread = thread_l[i]
         start = ts_l[i]
-        while stack and end_l[stack[-1]] <= start:
+        # pop finished scopes, and scopes this event outlives: an event that starts a hair before its
+        # predecessor ends (clock rounding) is its sibling, not its child
+        while stack and (end_l[stack[-1]] <= start or end_l[i] > end_l[stack[-1]] + _NEST_TOLERANCE_NS):
             stack.pop()
         parent = stack[-1] if stack else -1
         mine = own[i]
@@ -134,8 +139,58 @@ def host_timeline(events: pl.DataFrame, spans: pl.DataFrame | None = None) -> pl
         pl.Series("depth", depth),
         pl.Series("category", category, dtype=pl.Utf8),
         (pl.col("dur_ns") - pl.Series("child_ns", child_ns)).clip(lower_bound=0).alias("self_ns"),
-    ).drop("own")
+    )
+    host = _wait_time(host, spans).drop("own")
     return _attach_steps(host, spans)
+
+
+def _covered(starts: np.ndarray, ends: np.ndarray):
+    """F(t): length of the union of [starts, ends) up to t, as a vectorised function."""
+    order = np.argsort(starts)
+    s, e = starts[order], ends[order]
+    e = np.maximum.accumulate(e)  # merge overlaps: each interval ends no earlier than those before
+    s = np.maximum(s, np.concatenate(([np.iinfo(np.int64).min], e[:-1])))
+    length = np.clip(e - s, 0, None)
+    before = np.concatenate(([0], np.cumsum(length)[:-1]))
+
+    def f(t: np.ndarray) -> np.ndarray:
+        k = np.searchsorted(s, t, side="right") - 1
+        inside = np.clip(t - s[np.clip(k, 0, None)], 0, length[np.clip(k, 0, None)])
+        return np.where(k >= 0, before[np.clip(k, 0, None)] + inside, 0)
+
+    return f
+
+
+def _wait_time(host: pl.DataFrame, spans: pl.DataFrame) -> pl.DataFrame:
+    """``wait_ns``: the part of an event's self time spent waiting for other ranks or for the device.
+
+    Collective implementations (``gloo:all_reduce`` on gloo's worker thread) and synchronisations wait
+    for all their self time. A communication-scope event on the training thread waits for the part of
+    its span covered by a collective in flight on the same rank (the untraced ``work.wait()``); the
+    rest of its self time (packing buckets, a delay before the call) is the rank's own work.
+    """
+    own_wait = (pl.col("name").str.contains(COLLECTIVE_IMPL) | (pl.col("own") == SYNC)).fill_null(False)
+    host = host.with_columns(pl.when(own_wait).then(pl.col("self_ns")).otherwise(0).alias("wait_ns"))
+    colls = host.filter(pl.col("name").str.contains(COLLECTIVE_IMPL))
+    if colls.is_empty():
+        return host
+    parts = []
+    for (rank,), group in host.with_row_index("_row").group_by("rank"):
+        c = colls.filter(pl.col("rank") == rank)
+        cand = group.filter((pl.col("category") == COMMUNICATION) & ~pl.col("name").str.contains(COLLECTIVE_IMPL))
+        if c.is_empty() or cand.is_empty():
+            continue
+        f = _covered(c["ts_ns"].to_numpy(), (c["ts_ns"] + c["dur_ns"]).to_numpy())
+        start = cand["ts_ns"].to_numpy()
+        overlap = f(start + cand["dur_ns"].to_numpy()) - f(start)
+        parts.append(pl.DataFrame({"_row": cand["_row"], "_overlap": overlap.astype(np.int64)}))
+    if not parts:
+        return host
+    over = pl.concat(parts)
+    host = host.with_row_index("_row").join(over, on="_row", how="left")
+    return host.with_columns(
+        pl.max_horizontal("wait_ns", pl.min_horizontal(pl.col("_overlap").fill_null(0), "self_ns")).alias("wait_ns")
+    ).drop("_row", "_overlap")
 
 
 def device_timeline(events: pl.DataFrame, spans: pl.DataFrame | None = None) -> pl.DataFrame:
@@ -145,11 +200,15 @@ def device_timeline(events: pl.DataFrame, spans: pl.DataFrame | None = None) -> 
         "rank", "cat", "name", "pid", "tid", "ts_ns", "dur_ns", "correlation", "stream", "collective", "in_nelems"
     )
     device = device.with_columns(category_expr().fill_null(COMPUTE).alias("category"))
+    device = device.with_columns(
+        pl.when(pl.col("category") == COMMUNICATION).then(pl.col("dur_ns")).otherwise(0).alias("wait_ns")
+    )
     if not device.height:
         return device.with_columns(pl.lit(None, dtype=pl.Int64).alias("step"))
     launches = _attach_steps(
-        events.filter(pl.col("cat").is_in(["cuda_runtime", "cuda_driver"]) & pl.col("correlation").is_not_null())
-        .select("rank", "correlation", "ts_ns"),
+        events.filter(
+            pl.col("cat").is_in(["cuda_runtime", "cuda_driver"]) & pl.col("correlation").is_not_null()
+        ).select("rank", "correlation", "ts_ns"),
         spans,
     ).select("rank", "correlation", pl.col("step").alias("launch_step"))
     device = device.join(launches.unique(["rank", "correlation"]), on=["rank", "correlation"], how="left")
