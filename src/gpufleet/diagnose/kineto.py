@@ -173,7 +173,21 @@ def _as_int(value: Any) -> int | None:
 
 
 def _ns(values: list[Any]) -> list[int | None]:
-    return [None if v is None else round(float(v) * 1000.0) for v in values]
+    """Microseconds (int or float) to integer nanoseconds without float rounding of epoch-sized values.
+
+    ``ts * 1000`` as a float loses precision above 2**53 ns (epoch timestamps), so the whole and the
+    fractional microseconds are converted separately.
+    """
+    out: list[int | None] = []
+    for v in values:
+        if v is None:
+            out.append(None)
+        elif isinstance(v, int):
+            out.append(v * 1000)
+        else:
+            whole = int(v)
+            out.append(whole * 1000 + round((float(v) - whole) * 1000.0))
+    return out
 
 
 def _event_frame(events: list[dict[str, Any]], rank: int) -> pl.DataFrame:

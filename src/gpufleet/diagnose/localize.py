@@ -170,7 +170,11 @@ class CrossRank(Localiser):
     @staticmethod
     def _victims(ctx: LocaliserContext) -> dict[int, float]:
         """Per rank: how much longer the *other* ranks wait (blocking collectives, syncs) than this rank does."""
-        waits = ctx.steps.group_by("rank").agg(pl.col("wait_s").sum().alias("time_s"))
+        waits = (
+            ctx.steps.filter(pl.col("domain") != "host-thread")  # gloo's thread waits in the same moments as the step's
+            .group_by("rank")
+            .agg(pl.col("wait_s").sum().alias("time_s"))
+        )
         if waits.height < 2:
             return {}
         steps = ctx.spans.group_by("rank").agg(pl.len().alias("n"))

@@ -47,13 +47,17 @@ def _function_name() -> pl.Expr:
 def _calls(t: Timelines) -> pl.DataFrame:
     """One row per call: rank, step, domain, category, function, time_ns (own work), wait_ns (waiting on others).
 
-    On the host both come from the call's self time; on the device a collective kernel's whole
+    Domains: ``host`` is the training (step) thread, ``host-thread`` other host threads (gloo's
+    collectives, the autograd engine on GPU), ``device`` the GPU. On the host both come from the call's
+    self time; on the device a collective kernel's whole
     duration is waiting plus transfer, which a trace cannot split.
     """
-    host = t.host.filter(pl.col("step").is_not_null() & ~pl.col("name").str.starts_with("ProfilerStep#")).select(
+    main = t.spans.select("rank", "pid", "tid").unique().with_columns(pl.lit(True).alias("_main"))
+    host = t.host.join(main, on=["rank", "pid", "tid"], how="left")
+    host = host.filter(pl.col("step").is_not_null() & ~pl.col("name").str.starts_with("ProfilerStep#")).select(
         "rank",
         "step",
-        pl.lit("host").alias("domain"),
+        pl.when(pl.col("_main")).then(pl.lit("host")).otherwise(pl.lit("host-thread")).alias("domain"),
         "category",
         _function_name(),
         (pl.col("self_ns") - pl.col("wait_ns")).alias("time_ns"),

@@ -1,0 +1,102 @@
+"""Localisers on hand-built traces whose injected fault is known, and timeline invariants on real traces."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+import pytest
+from trace_builder import Fault, JobShape, write_job
+
+from gpufleet.diagnose.analyzer import TraceAnalyzer
+from gpufleet.diagnose.kineto import read_folder
+from gpufleet.diagnose.localize import Thresholds
+from gpufleet.errors import DiagnoseError
+
+KINETO = Path(__file__).resolve().parents[3] / "shared" / "data" / "kineto"
+
+FAULTS = {
+    "compute": (Fault("compute", 2, 0.02), "compute"),
+    "data": (Fault("data", 1, 0.02), "data_loading"),
+    "pause": (Fault("pause", 3, 0.1, every=3), "cpu_stall"),
+    "comm": (Fault("comm", 0, 0.02), "communication"),
+    "sync": (Fault("sync", 1, 0.006), "sync"),
+    "hang": (Fault("hang", 2, every=4), "hang"),
+}
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("kind", sorted(FAULTS))
+def test_top_finding_names_the_injected_rank_and_category(tmp_path, kind, seed):
+    fault, category = FAULTS[kind]
+    diagnosis = TraceAnalyzer(write_job(tmp_path, JobShape(faults=[fault], seed=seed))).diagnose()
+    top = diagnosis.findings[0]
+    assert (top.rank, top.category, top.alarm) == (fault.rank, category, True), top
+    assert top.cost_s_per_step > 0
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_no_fault_raises_no_alarm(tmp_path, seed):
+    diagnosis = TraceAnalyzer(write_job(tmp_path, JobShape(seed=seed))).diagnose()
+    assert diagnosis.alarms == []
+    assert diagnosis.findings == [] or all(f.score < 3.5 or f.cost_s_per_step < 0.02 * diagnosis.step_s_median
+                                           for f in diagnosis.findings)
+
+
+def test_cost_is_the_injected_delay_and_victims_wait_for_it(tmp_path):
+    diagnosis = TraceAnalyzer(write_job(tmp_path, JobShape(faults=[Fault("data", 1, 0.03)], noise=0.0))).diagnose()
+    top = diagnosis.findings[0]
+    assert top.cost_s_per_step == pytest.approx(0.03, rel=0.05)
+    assert top.evidence["others_wait_s_per_step"] == pytest.approx(0.03, rel=0.1)
+    assert top.function.startswith("enumerate(DataLoader)")
+
+
+def test_pause_evidence_gives_its_period(tmp_path):
+    diagnosis = TraceAnalyzer(write_job(tmp_path, JobShape(faults=[FAULTS["pause"][0]], steps=9))).diagnose()
+    top = diagnosis.findings[0]
+    assert top.evidence["pause_steps"] == [0, 3, 6] and top.evidence["period_steps"] == 3
+
+
+def test_thresholds_decide_the_alarm(tmp_path):
+    folder = write_job(tmp_path, JobShape(faults=[Fault("compute", 2, 0.004)], seed=0))
+    loose = TraceAnalyzer(folder, Thresholds(cost_share=0.01)).diagnose()
+    strict = TraceAnalyzer(folder, Thresholds(cost_share=0.5)).diagnose()
+    assert loose.alarms and loose.alarms[0].rank == 2
+    assert not strict.alarms and strict.findings[0].rank == 2
+
+
+def test_unknown_localiser_is_an_error(tmp_path):
+    with pytest.raises(DiagnoseError, match="unknown localiser"):
+        TraceAnalyzer(write_job(tmp_path, JobShape())).diagnose(["cross-rank", "telepathy"])
+
+
+def test_gloo_wait_is_split_from_own_comm_time(tmp_path):
+    a = TraceAnalyzer(write_job(tmp_path, JobShape(faults=[Fault("comm", 0, 0.02)], noise=0.0)))
+    section = a.per_step.filter(pl.col("function") == "gpufleet::allreduce").group_by("rank").agg(
+        pl.col("time_s").mean(), pl.col("wait_s").mean()
+    ).sort("rank")
+    own, wait = section["time_s"].to_list(), section["wait_s"].to_list()
+    assert own[0] == pytest.approx(0.02, abs=1e-3) and max(own[1:]) < 1e-3  # the delay is rank 0's own work
+    assert min(wait[1:]) - wait[0] == pytest.approx(0.02, abs=1e-3)  # the others wait for it
+
+
+@pytest.mark.skipif(not KINETO.is_dir(), reason=f"reference traces not found at {KINETO}")
+def test_self_times_on_the_step_thread_add_up_to_the_step():
+    a = TraceAnalyzer(read_folder(KINETO / "trace_filter__sampled_rank-0.json.gz"))
+    spans = a.timelines.spans
+    host = a.timelines.host.join(spans.select("rank", "step", "pid", "tid"), on=["rank", "step", "pid", "tid"])
+    per_step = host.group_by("step").agg(pl.col("self_ns").sum()).join(spans, on="step").sort("step")
+    for row in per_step.iter_rows(named=True):
+        assert row["self_ns"] == pytest.approx(row["dur_ns"], rel=0.01)
+
+
+@pytest.mark.skipif(not KINETO.is_dir(), reason=f"reference traces not found at {KINETO}")
+def test_real_gpu_trace_kernels_get_the_step_of_their_launch():
+    a = TraceAnalyzer(read_folder(KINETO / "trace_filter__sampled_rank-0.json.gz"))
+    dev = a.timelines.device
+    assert dev.height > 1000 and dev["step"].null_count() < dev.height * 0.05
+    nccl = dev.filter(pl.col("category") == "communication")
+    assert nccl.height == 10 and (nccl["wait_ns"] == nccl["dur_ns"]).all()
+    summary = a.function_summary()
+    assert {"calls", "total_s", "mean_s", "p50_s", "p95_s", "cv", "share_of_step"} <= set(summary.columns)
+    assert (summary["p95_s"] >= summary["p50_s"] - 1e-12).all()
