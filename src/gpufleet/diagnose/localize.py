@@ -35,7 +35,7 @@ class Thresholds:
     """Alarm thresholds: a finding alarms when its score and its cost both reach them."""
 
     z: float = 3.5
-    cost_share: float = 0.02  # of the median step time
+    cost_share: float = 0.05  # of the median step time
     noise_share: float = 0.01  # floor of the robust spread, as a share of the median step time
     data_share: float = 0.30  # data loading above this share of every rank's step is a pattern finding
     comm_share: float = 0.50  # exposed communication above this share of every rank's step
@@ -130,16 +130,23 @@ class CrossRank(Localiser):
         per_step = per_step.with_columns(
             (pl.col("time_s") - pl.col("time_s").median().over("step", "domain", "category")).alias("excess")
         )
+        # medians over steps: a persistent fault moves the median, a descheduled moment does not
         per_rank = per_step.group_by("rank", "domain", "category").agg(
-            pl.col("excess").mean().alias("cost"),
-            pl.col("time_s").mean().alias("this_rank_s"),
+            pl.col("excess").median().alias("cost"),
+            pl.col("time_s").median().alias("this_rank_s"),
             (pl.col("excess") > ctx.thresholds.noise_share * ctx.step_s).mean().alias("steps_slow"),
         )
+        # step-to-step noise of a category, as the standard error of one rank's median over its steps
+        noise = per_step.group_by("domain", "category").agg(
+            (MAD_TO_SIGMA * (pl.col("excess") - pl.col("excess").median()).abs().median() * 1.25
+             / pl.len().over("domain", "category").first().sqrt() * np.sqrt(ctx.n_ranks)).alias("noise")
+        )
+        noise_of = {(d, c): float(v or 0.0) for d, c, v in noise.iter_rows()}
         waits = self._victims(ctx)
         findings = []
-        floor = ctx.thresholds.noise_share * ctx.step_s
         for (domain, category), group in per_rank.group_by("domain", "category"):
             group = group.sort("rank")
+            floor = max(ctx.thresholds.noise_share * ctx.step_s, noise_of.get((domain, category), 0.0))
             z = robust_z(group["this_rank_s"].to_numpy(), floor)
             for row, score in zip(group.iter_rows(named=True), z, strict=True):
                 if score < 2.0 or row["cost"] <= 0:
@@ -245,15 +252,26 @@ class CrossStep(Localiser):
             .agg(pl.col("time_s").sum())
         )
         findings = []
+        spiky_ranks: set[int] = set()
+        shared_only: list[int] = []
         for (rank,), group in stall.group_by("rank"):
             t = group.sort("step")["time_s"].to_numpy()
             if len(t) < 3:
                 continue
             med = float(np.median(t))
             floor = ctx.thresholds.noise_share * ctx.step_s
-            spikes = t > max(ctx.thresholds.pause_ratio * med, med + 5 * floor)
+            own = max(ctx.thresholds.pause_ratio * med, med + 5 * floor)
+            spikes = t > own
             if spikes.sum() < 2:
                 continue
+            spiky_ranks.add(int(rank))
+            others = stall.filter(pl.col("rank") != rank)["time_s"]
+            # a pause of this rank alone must stand above everything the other ranks ever show (noise)
+            alone = t > max(own, float(others.max()) if others.len() else 0.0)
+            if alone.sum() >= 2:
+                spikes = alone
+            else:
+                shared_only.append(int(rank))
             cost = float((t[spikes] - med).sum() / len(t))
             z = robust_z(t, floor)
             score = float(np.median(z[spikes]))
@@ -276,6 +294,8 @@ class CrossStep(Localiser):
                     alarm=_alarm(score, cost, ctx),
                 )
             )
+        if len(spiky_ranks) < ctx.n_ranks:  # not every rank pauses: keep only the pauses that stand alone
+            findings = [f for f in findings if f.rank not in shared_only]
         if findings and len(findings) == ctx.n_ranks >= 2:  # every rank pauses: one shared finding
             shared = min(findings, key=lambda f: f.cost_s_per_step)
             shared.rank = None
