@@ -125,3 +125,76 @@ def functions(
                       f"{r['total_s']:.4f}", f"{r['mean_s'] * 1e3:.3f}", f"{r['p95_s'] * 1e3:.3f}",
                       f"{r['cv']:.2f}", f"{r['share_of_step']:.1%}")
     out.print(table)
+
+
+@diagnose_app.command("breakdown", help="GPU time of each rank as HTA reports it: idle / compute / non-compute, "
+                      "communication-computation overlap, late-starting collective (straggler).")
+def breakdown(
+    traces: Annotated[Path, typer.Argument(help="Folder of per-rank traces (or one trace file).")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the tables as JSON.")] = False,
+) -> None:
+    from gpufleet.diagnose.gpu_time import comm_comp_overlap, temporal_breakdown
+    from gpufleet.diagnose.kineto import read_folder
+    from gpufleet.diagnose.late_start import late_start_stragglers
+    from gpufleet.errors import DiagnoseError
+
+    events = read_folder(traces).events
+    table = temporal_breakdown(events).join(comm_comp_overlap(events), on="rank", how="left")
+    try:
+        late = late_start_stragglers(events)
+        candidates = late.candidates
+    except DiagnoseError as exc:  # no collective kernels: nothing to rank
+        candidates, err_note = [], str(exc)
+    else:
+        err_note = ""
+    if as_json:
+        print(json.dumps({"ranks": table.to_dicts(), "late_start_candidates": candidates}, indent=2, default=str))
+        return
+    t = Table(title="GPU time per rank (HTA definitions)")
+    for col in ("rank", "idle %", "compute %", "non-compute %", "comm overlapped by compute %"):
+        t.add_column(col, justify="right")
+    for r in table.iter_rows(named=True):
+        ov = r.get("overlap_pct")
+        t.add_row(str(r["rank"]), f"{r['idle_pct']:.1f}", f"{r['compute_pct']:.1f}", f"{r['non_compute_pct']:.1f}",
+                  "-" if ov is None else f"{ov:.1f}")
+    out.print(t)
+    out.print(f"late-start straggler candidates: {candidates or 'none'} {err_note}")
+
+
+@diagnose_app.command("stragglers", help="Straggler ranks over time from per-step timings (CSV or Parquet).")
+def stragglers(
+    timings: Annotated[Path, typer.Argument(help="Per-(rank, step[, section]) durations, long or wide format.")],
+    columns: Annotated[str | None, typer.Option(help="Column mapping, e.g. rank=worker,step=time,duration=t.")] = None,
+    threshold: Annotated[float, typer.Option(help="Relative score below which a rank straggles (NVRx: 0.75).")] = 0.75,
+    window: Annotated[int | None, typer.Option(help="Steps per scoring window (default: about 1/20 of the run).")] = (
+        None
+    ),
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    from gpufleet.diagnose.stragglers import detect_stragglers, parse_columns, read_timings
+
+    with err.status(f"scoring {timings} ...", spinner="dots"):
+        frame = read_timings(timings, parse_columns(columns))
+        report = detect_stragglers(frame, threshold=threshold, window=window)
+    if as_json:
+        print(json.dumps(report.to_dict(windows=False), indent=2, default=str))
+        return
+    for note in report.notes:
+        out.print(f"[yellow]note:[/] {note}")
+    found = report.stragglers
+    out.print(f"{frame['rank'].n_unique()} ranks, {frame['step'].n_unique()} steps, "
+              f"{found.height} straggler(s) at threshold {threshold}")
+    t = Table(title="Ranks by relative score (1.0 = as fast as the fastest)")
+    for col in ("section", "rank", "median", "relative", "individual", "z", "straggler", "slow from step",
+                "recovered", "slowdown"):
+        t.add_column(col, justify="left" if col == "section" else "right")
+    rows = report.ranks.sort("relative_score").head(20)
+    for r in rows.iter_rows(named=True):
+        def fmt(v, spec=".3f"):
+            return "-" if v is None or v != v else format(v, spec)
+        t.add_row(str(r["section"]), str(r["rank"]), fmt(r["median_s"], ".4g"), fmt(r["relative_score"]),
+                  fmt(r["individual_score"]), fmt(r["z"], ".1f"), "yes" if r["is_straggler"] else "",
+                  fmt(r["first_slow_step"], "d") if r["first_slow_step"] is not None else "-",
+                  fmt(r["recovered_step"], "d") if r["recovered_step"] is not None else "-",
+                  fmt(r["slowdown"], ".2f"))
+    out.print(t)
