@@ -184,11 +184,11 @@ def stragglers(
     found = report.stragglers
     out.print(f"{frame['rank'].n_unique()} ranks, {frame['step'].n_unique()} steps, "
               f"{found.height} straggler(s) at threshold {threshold}")
-    t = Table(title="Ranks by relative score (1.0 = as fast as the fastest)")
+    t = Table(title="Stragglers first, then ranks by relative score (1.0 = as fast as the fastest)")
     for col in ("section", "rank", "median", "relative", "individual", "z", "straggler", "slow from step",
                 "recovered", "slowdown"):
         t.add_column(col, justify="left" if col == "section" else "right")
-    rows = report.ranks.sort("relative_score").head(20)
+    rows = report.ranks.sort(["is_straggler", "relative_score"], descending=[True, False]).head(20)
     for r in rows.iter_rows(named=True):
         def fmt(v, spec=".3f"):
             return "-" if v is None or v != v else format(v, spec)
