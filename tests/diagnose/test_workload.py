@@ -1,0 +1,172 @@
+"""The diagnosis test workload: fault parsing, the fault mechanics, and real torchrun runs that write traces."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from gpufleet.diagnose import faults  # noqa: E402
+from gpufleet.diagnose.faults import Fault, parse_fault  # noqa: E402
+from gpufleet.diagnose.workload import COMM_WAIT, SECTIONS, Block, main, make_buckets, run_workload  # noqa: E402
+from gpufleet.errors import ConfigError  # noqa: E402
+
+LOADER = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
+
+
+def _trace(path: Path) -> dict[str, Any]:
+    with gzip.open(path, "rt") as fh:
+        return json.load(fh)
+
+
+def _events(trace: dict[str, Any], name: str | None = None) -> list[dict[str, Any]]:
+    return [e for e in trace["traceEvents"] if e.get("ph") == "X" and (name is None or e["name"] == name)]
+
+
+def _steps(trace: dict[str, Any]) -> list[dict[str, Any]]:
+    return sorted((e for e in _events(trace) if e["name"].startswith("ProfilerStep#")), key=lambda e: e["ts"])
+
+
+def _largest_idle_gap(trace: dict[str, Any], step: dict[str, Any]) -> float:
+    """Longest stretch (µs) of a step on the main thread with no op or gpufleet::comm_wait running."""
+    a, b = step["ts"], step["ts"] + step["dur"]
+    busy = sorted(
+        (e["ts"], e["ts"] + e["dur"])
+        for e in _events(trace)
+        if e["tid"] == step["tid"] and e["name"] not in SECTIONS and not e["name"].startswith("ProfilerStep#")
+        if e["ts"] < b and e["ts"] + e["dur"] > a
+    )
+    gap, cur = 0.0, a
+    for s, e in busy:
+        gap, cur = max(gap, s - cur), max(cur, e)
+    return max(gap, b - cur)
+
+
+# ---- faults ---------------------------------------------------------------------------------------------------------
+def test_parse_fault() -> None:
+    assert parse_fault("none") == Fault() and Fault().category is None
+    f = parse_fault("slow-rank:2", world_size=4)
+    assert (f.kind, f.rank, f.magnitude, f.category) == ("slow-rank", 2, 0.5, "compute")
+    assert parse_fault("SLOW-DATA:1:0.2").magnitude == 0.2
+    assert {parse_fault(f"{k}:0").category for k in faults.FAULTS} == {
+        "compute", "data_loading", "cpu_stall", "communication", "sync", "hang"
+    }  # fmt: skip
+    assert parse_fault("hang:1").to_dict()["category"] == "hang"
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [("slow:1", "unknown kind"), ("slow-rank", "KIND:RANK"), ("slow-rank:x", "integer"), ("sync:4", "outside")],
+)
+def test_parse_fault_errors(text: str, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        parse_fault(text, world_size=4)
+
+
+def test_python_pause_lasts_as_asked() -> None:
+    t = time.perf_counter()
+    faults.python_pause(0.05)
+    assert time.perf_counter() - t >= 0.05
+
+
+def test_buckets_cover_the_parameters_in_order() -> None:
+    params = [torch.nn.Parameter(torch.zeros(n)) for n in (10, 30, 5, 5, 50)]
+    buckets = make_buckets(params, 3)
+    assert len(buckets) == 3
+    assert [id(p) for b in buckets for p in b] == [id(p) for p in params]
+
+
+def test_slow_rank_padding_is_extra_work_with_the_same_result() -> None:
+    torch.manual_seed(0)
+    blk = Block(32, 4)
+    h = torch.randn(2, 8, 32, requires_grad=True)
+    ref = blk(h)
+    ref.sum().backward()
+    g_ref = blk.fc1.weight.grad.clone()
+    blk.zero_grad()
+    blk.pad = torch.randn(8, 128)  # 50 % more rows through every linear
+    out = blk(h)
+    out.sum().backward()
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(blk.fc1.weight.grad, g_ref)
+
+
+# ---- single-process runs (world of one, no torchrun) ---------------------------------------------------------------
+def _run_here(tmp_path: Path, fault: str, *extra: str) -> dict[str, Any]:
+    threads = torch.get_num_threads()  # the workload pins torch to one thread; give the test session its own back
+    try:
+        args = ["--out", str(tmp_path), "--fault", fault, "--steps", "3", "--wait", "0", "--warmup", "1", *extra]
+        assert main(args) == 0
+    finally:
+        torch.set_num_threads(threads)
+    return _trace(tmp_path / "rank-0.json.gz")
+
+
+def test_sync_fault_adds_item_calls_in_every_layer(tmp_path: Path) -> None:
+    trace = _run_here(tmp_path, "sync:0:3", "--layers", "2")
+    assert len(_events(trace, "aten::item")) == 3 * 2 * 3  # syncs per layer x layers x profiled steps
+    assert len(_events(trace, "aten::_local_scalar_dense")) == 18
+
+
+def test_python_pause_is_an_idle_gap_between_sections(tmp_path: Path) -> None:
+    trace = _run_here(tmp_path, "python-pause:0:0.08", "--pause-every", "2")
+    truth = json.loads((tmp_path / "fault.json").read_text())
+    assert truth["affected_steps"] == [1, 3]  # profiled steps are 1..3; every 2nd step pauses
+    gaps = {int(s["name"].split("#")[1]): _largest_idle_gap(trace, s) for s in _steps(trace)}
+    assert gaps[1] >= 80_000 and gaps[3] >= 80_000
+
+
+def test_slow_collective_is_a_delay_inside_the_allreduce_section(tmp_path: Path) -> None:
+    trace = _run_here(tmp_path, "slow-collective:0:0.08", "--buckets", "2")
+    ar = _events(trace, "gpufleet::allreduce")
+    assert len(ar) == 3 and min(e["dur"] for e in ar) >= 80_000
+    assert len(_events(trace, COMM_WAIT)) == 6  # one wait per bucket per step
+    assert len(_events(trace, "c10d::allreduce_")) == 6
+
+
+def test_run_workload_rejects_a_bad_fault_before_launching(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="outside"):
+        run_workload(tmp_path, fault="slow-rank:5", nproc=2)
+
+
+# ---- torchrun runs ------------------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_two_ranks_without_fault_write_traces_truth_and_timings(tmp_path: Path) -> None:
+    out = run_workload(tmp_path / "run", nproc=2, steps=3, extra=["--timings", str(tmp_path / "timings.csv")])
+    truth = json.loads((out / "fault.json").read_text())
+    assert truth["kind"] == "none" and truth["rank"] is None and truth["category"] is None
+    assert truth["world_size"] == 2 and truth["backend"] == "gloo" and truth["profiled_steps"] == [3, 4, 5]
+    for rank in range(2):
+        trace = _trace(out / f"rank-{rank}.json.gz")
+        info = trace["distributedInfo"]
+        assert (info["rank"], info["world_size"], info["backend"]) == (rank, 2, "gloo")
+        assert [s["name"] for s in _steps(trace)] == ["ProfilerStep#3", "ProfilerStep#4", "ProfilerStep#5"]
+        for name in (*SECTIONS, LOADER):
+            assert len(_events(trace, name)) == 3, name
+        assert len(_events(trace, COMM_WAIT)) == 3 * 4  # 4 buckets
+        assert len(_events(trace, "gloo:all_reduce")) == 3 * 4  # on gloo's own threads
+        flushes = [(e["ts"], e["ts"] + e["dur"]) for e in _events(trace, "gpufleet::monitor_flush")]
+        assert flushes  # StepMonitor gathers every 4 steps; its .item() calls sit inside this annotation
+        for e in _events(trace, "aten::item"):  # outside it, only the sync fault makes these
+            assert any(a <= e["ts"] <= b for a, b in flushes)
+        assert len(json.loads((out / f"steps-rank-{rank}.json").read_text())["step_s"]) == 6
+    timings = pl.read_csv(tmp_path / "timings.csv")
+    assert timings.columns == ["rank", "step", "data", "forward", "backward", "allreduce", "optimizer", "total"]
+    assert len(timings) == 2 * 6
+
+
+@pytest.mark.slow
+def test_slow_data_on_rank_1_shows_in_its_dataloader_op(tmp_path: Path) -> None:
+    out = run_workload(tmp_path, fault="slow-data:1:0.05", nproc=2, steps=3)
+    truth = json.loads((out / "fault.json").read_text())
+    assert [truth[k] for k in ("kind", "rank", "magnitude", "category")] == ["slow-data", 1, 0.05, "data_loading"]
+    med = [statistics.median(e["dur"] for e in _events(_trace(out / f"rank-{r}.json.gz"), LOADER)) for r in (0, 1)]
+    assert med[1] >= 50_000 and med[1] > med[0] + 40_000  # µs
