@@ -24,16 +24,20 @@ from gpufleet.diagnose.workload import run_workload
 SECTIONS_PER_STEP = 5  # data, forward, backward, allreduce, optimizer
 
 
-def step_time(out: Path, nproc: int, skip: int) -> float:
-    """Median over steps (after ``skip``) of the slowest rank's step time, in seconds."""
-    per_rank = [json.loads((out / f"steps-rank-{r}.json").read_text())["step_s"][skip:] for r in range(nproc)]
-    return float(np.median(np.max(np.array(per_rank), axis=0)))
+def step_time(out: Path, nproc: int, skip: int) -> tuple[float, float]:
+    """Median over steps (after ``skip``) of the slowest rank's step time, and the mean time per step spent
+    inside ``mon.step()`` (gathers and writes included; 0 without the monitor), in seconds."""
+    runs = [json.loads((out / f"steps-rank-{r}.json").read_text()) for r in range(nproc)]
+    step = float(np.median(np.max(np.array([d["step_s"][skip:] for d in runs]), axis=0)))
+    inside = float(np.mean([np.mean(d["monitor_step_s"]) for d in runs])) if "monitor_step_s" in runs[0] else 0.0
+    return step, inside
 
 
-def ab_runs(nproc: int, steps: int, repeats: int, every: int) -> tuple[list[float], list[float]]:
-    """Interleaved runs without and with the monitor; returns the two lists of step times."""
+def ab_runs(nproc: int, steps: int, repeats: int, every: int) -> tuple[list[float], list[float], list[float]]:
+    """Interleaved runs without and with the monitor: step times off, step times on, time inside mon.step()."""
     off: list[float] = []
     on: list[float] = []
+    inside: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(repeats):
             for monitored in (False, True):
@@ -42,8 +46,11 @@ def ab_runs(nproc: int, steps: int, repeats: int, every: int) -> tuple[list[floa
                 if monitored:
                     extra += ["--timings", str(out / "timings.csv"), "--timings-every", str(every)]
                 run_workload(out, nproc=nproc, steps=steps, seed=0, extra=extra)
-                (on if monitored else off).append(step_time(out, nproc, skip=3))
-    return off, on
+                step, mon = step_time(out, nproc, skip=3)
+                (on if monitored else off).append(step)
+                if monitored:
+                    inside.append(mon)
+    return off, on, inside
 
 
 def section_cost_us(device: str, n: int = 200_000) -> tuple[float, float]:
@@ -97,10 +104,10 @@ def main() -> None:
     console.print(micro)
 
     t0 = time.perf_counter()
-    off, on = ab_runs(args.nproc, args.steps, args.repeats, args.every)
+    off, on, inside = ab_runs(args.nproc, args.steps, args.repeats, args.every)
     wall = time.perf_counter() - t0
     base, mon = statistics.median(off), statistics.median(on)
-    est = (SECTIONS_PER_STEP * costs["cpu"][0] + costs["cpu"][1]) * 1e-6
+    est = SECTIONS_PER_STEP * costs["cpu"][0] * 1e-6 + statistics.median(inside)
     table = Table(title=f"Monitor overhead on the workload ({args.nproc} ranks, CPU/gloo, {args.repeats} repeats)")
     for col in ("metric", "value"):
         table.add_column(col, justify="right")
@@ -109,7 +116,10 @@ def main() -> None:
     table.add_row("measured overhead", f"{(mon / base - 1) * 100:+.2f} %")
     spread = (max(off) - min(off)) / base * 100
     table.add_row("run-to-run spread without monitor", f"{spread:.1f} %  (the A/B resolution)")
-    table.add_row("hot-path estimate (5 sections + step)", f"{est * 1e6:.1f} µs = {est / base * 100:.3f} % of a step")
+    table.add_row(
+        f"direct: 5 sections + mon.step() (gather every {args.every})",
+        f"{est * 1e6:.1f} µs = {est / base * 100:.3f} % of a step",
+    )
     table.add_row("bench wall time", f"{wall:.0f} s")
     console.print(table)
 

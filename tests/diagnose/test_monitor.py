@@ -105,6 +105,9 @@ def test_bad_arguments_raise_config_errors(tmp_path: Path) -> None:
         StepMonitor(every=0)
     with pytest.raises(ConfigError, match="device"):
         StepMonitor(device="tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="CUDA"):
+            StepMonitor(device="cuda")
 
 
 class _FakeEvent:
@@ -135,7 +138,7 @@ class _FakeEvent:
 
 
 def test_cuda_path_resolves_events_lazily_and_reuses_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    fake_cuda = type("C", (), {"Event": _FakeEvent})
+    fake_cuda = type("C", (), {"Event": _FakeEvent, "is_available": staticmethod(lambda: True)})
     fake_torch = type("T", (), {"cuda": fake_cuda, "distributed": torch.distributed, "profiler": torch.profiler})
     monkeypatch.setattr(monitor_mod, "_torch", lambda: fake_torch)
     _FakeEvent.made = 0

@@ -9,6 +9,8 @@ seconds. That file is what the straggler detector reads.
 
 from __future__ import annotations
 
+import csv
+import sys
 import time
 from collections import deque
 from pathlib import Path
@@ -25,12 +27,13 @@ FLUSH = "gpufleet::monitor_flush"
 
 
 def _torch() -> Any:
-    """torch if it is installed, else None: the CPU monitor works without it."""
-    try:
-        import torch
-    except ImportError:
-        return None
-    return torch
+    """torch if the program has imported it, else None: a CPU monitor never pays for importing torch itself."""
+    return sys.modules.get("torch")
+
+
+def _fmt(x: float | None) -> str:
+    """Seconds with nanosecond resolution; empty for a section a rank did not run in that step."""
+    return "" if x is None else f"{x:.9f}"
 
 
 class _CpuSection:
@@ -87,8 +90,10 @@ class StepMonitor:
         if out is not None and Path(out).suffix not in (".csv", ".parquet"):
             raise ConfigError(f"StepMonitor(out={out!s}): the timings file must end in .csv or .parquet")
         torch = _torch()
-        if device == "auto":
+        if device == "auto":  # a program timing GPU work has imported torch already
             device = "cuda" if torch is not None and torch.cuda.is_available() else "cpu"
+        if device == "cuda" and (torch is None or not torch.cuda.is_available()):
+            raise ConfigError("StepMonitor(device='cuda'): needs torch and a visible CUDA device; use device='cpu'")
         if device not in ("cpu", "cuda"):
             raise ConfigError(f"StepMonitor(device={device!r}): choose auto, cpu or cuda")
         self.every, self.out, self.device = every, Path(out) if out is not None else None, device
@@ -98,6 +103,7 @@ class StepMonitor:
         self._columns: list[str] = []  # section columns in order of first appearance, for the file
         self._group: Any = None
         self._written: pl.DataFrame | None = None  # what rank 0 has written to a Parquet file so far
+        self._header: list[str] | None = None  # the CSV header rank 0 has written
         # CPU state
         self._acc: dict[str, int] = {}
         self._t_step: int | None = None
@@ -203,37 +209,40 @@ class StepMonitor:
             self._write(gathered)
 
     def _write(self, gathered: list[tuple[int, list[tuple[int, dict[str, float], float]]]]) -> None:
-        """Append the gathered rows to the timings file in the wide format."""
+        """Append the gathered rows to the timings file in the wide format (CSV: plain appends, no polars)."""
         for _, rows in gathered:
             for _, secs, _ in rows:
                 self._columns.extend(k for k in secs if k not in self._columns)
-        recs = [
-            {"rank": r, "step": s, **{c: secs.get(c) for c in self._columns}, TOTAL: tot}
-            for r, rows in gathered
-            for s, secs, tot in rows
-        ]
+        cols = ["rank", "step", *self._columns, TOTAL]
+        recs = sorted(
+            ((s, r, [secs.get(c) for c in self._columns], tot) for r, rows in gathered for s, secs, tot in rows),
+            key=lambda x: (x[0], x[1]),
+        )
         if not recs:
             return
-        cols = ["rank", "step", *self._columns, TOTAL]
-        schema = {c: pl.Int64 if c in ("rank", "step") else pl.Float64 for c in cols}
-        df = pl.DataFrame(recs, schema=schema).sort("step", "rank")
         assert self.out is not None
         self.out.parent.mkdir(parents=True, exist_ok=True)
         if self.out.suffix == ".parquet":
+            schema = {c: pl.Int64 if c in ("rank", "step") else pl.Float64 for c in cols}
+            df = pl.DataFrame([[r, s, *v, t] for s, r, v, t in recs], schema=schema, orient="row")
             old = self._written
             self._written = df if old is None else pl.concat([old, df], how="diagonal_relaxed").select(cols)
             self._written.write_parquet(self.out)
             return
-        if self.out.exists() and self.out.stat().st_size > 0:
-            with self.out.open() as fh:
-                header = fh.readline().strip().split(",")
-            if header == cols:
-                with self.out.open("a") as fh:
-                    df.write_csv(fh, include_header=False, float_precision=9)
-                return
-            old = pl.read_csv(self.out, schema_overrides={c: t for c, t in schema.items() if c in header})
-            df = pl.concat([old, df], how="diagonal_relaxed").select(cols)
-        df.write_csv(self.out, float_precision=9)
+        if self._header != cols:  # a new file, or a section that appeared late: rewrite with the wider header
+            old = self._read_csv() if self.out.exists() else []
+            with self.out.open("w", newline="") as fh:
+                w = csv.writer(fh)
+                w.writerow(cols)
+                w.writerows([row.get(c, "") for c in cols] for row in old)
+            self._header = cols
+        with self.out.open("a", newline="") as fh:
+            csv.writer(fh).writerows([r, s, *(_fmt(x) for x in v), _fmt(t)] for s, r, v, t in recs)
+
+    def _read_csv(self) -> list[dict[str, str]]:
+        assert self.out is not None
+        with self.out.open(newline="") as fh:
+            return list(csv.DictReader(fh))
 
     def close(self) -> None:
         """Flush what is left (a collective: every rank must call it)."""

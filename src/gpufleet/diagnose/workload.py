@@ -347,6 +347,7 @@ def train(args: argparse.Namespace) -> int:
         with_stack=False,
     )
     step_s: list[float] = []
+    mon_s: list[float] = []
     if not args.no_profile:
         prof.start()
     try:
@@ -371,7 +372,9 @@ def train(args: argparse.Namespace) -> int:
             with _maybe_section(mon, "optimizer"), record_function("gpufleet::optimizer"):
                 opt.step()
             if mon is not None:
+                t1 = time.perf_counter()
                 mon.step()
+                mon_s.append(time.perf_counter() - t1)  # the monitor's own cost, gathers included
             step_s.append(time.perf_counter() - t0)  # before prof.step(), which may export the trace
             if not args.no_profile:
                 prof.step()
@@ -384,7 +387,8 @@ def train(args: argparse.Namespace) -> int:
     finally:
         if not args.no_profile:
             prof.stop()  # writes the trace, also when a collective timed out mid-step
-    (out / f"steps-rank-{rank}.json").write_text(json.dumps({"rank": rank, "step_s": step_s}) + "\n")
+    times = {"rank": rank, "step_s": step_s, **({"monitor_step_s": mon_s} if mon is not None else {})}
+    (out / f"steps-rank-{rank}.json").write_text(json.dumps(times) + "\n")
     if fault.kind == "hang":
         sys.stdout.flush()
         sys.stderr.flush()
