@@ -194,7 +194,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--vocab", type=int, default=512)
-    ap.add_argument("--buckets", type=int, default=4, help="all-reduce buckets per step")
+    ap.add_argument("--buckets", type=int, default=2, help="all-reduce buckets per step")
     ap.add_argument("--workers", type=int, default=0, help="DataLoader worker processes (0: load on the main thread)")
     ap.add_argument("--pause-every", type=int, default=3, help="python-pause: pause on every k-th step")
     ap.add_argument("--hang-step", type=int, default=None, help="hang: step at which the rank hangs (default: mid)")
