@@ -140,13 +140,11 @@ def breakdown(
 
     events = read_folder(traces).events
     table = temporal_breakdown(events).join(comm_comp_overlap(events), on="rank", how="left")
+    note = ""
     try:
-        late = late_start_stragglers(events)
-        candidates = late.candidates
+        candidates = late_start_stragglers(events).candidates
     except DiagnoseError as exc:  # no collective kernels: nothing to rank
-        candidates, err_note = [], str(exc)
-    else:
-        err_note = ""
+        candidates, note = [], str(exc)
     if as_json:
         print(json.dumps({"ranks": table.to_dicts(), "late_start_candidates": candidates}, indent=2, default=str))
         return
@@ -158,7 +156,7 @@ def breakdown(
         t.add_row(str(r["rank"]), f"{r['idle_pct']:.1f}", f"{r['compute_pct']:.1f}", f"{r['non_compute_pct']:.1f}",
                   "-" if ov is None else f"{ov:.1f}")
     out.print(t)
-    out.print(f"late-start straggler candidates: {candidates or 'none'} {err_note}")
+    out.print(f"late-start straggler candidates: {candidates or 'none'} {note}")
 
 
 @diagnose_app.command("stragglers", help="Straggler ranks over time from per-step timings (CSV or Parquet).")

@@ -7,8 +7,6 @@ host's Python interpreter, or needless host-device synchronisation.
 
 from __future__ import annotations
 
-import re
-
 import polars as pl
 
 COMPUTE = "compute"
@@ -36,9 +34,6 @@ SYNC_PATTERN = (
     r"|cuStreamSynchronize|cuCtxSynchronize|Stream Sync|Event Sync|Context Sync)$"
 )
 MEMCPY_PATTERN = r"(?i)^(?:cudaMemcpy|cuMemcpy|Memcpy)"
-_COMM_NAME = re.compile(COMM_PATTERN)
-
-STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
 _HOST_CATS = ["cpu_op", "user_annotation", "gpu_user_annotation", "python_function"]
 
 
@@ -64,7 +59,3 @@ def category_expr(cat: str = "cat", name: str = "name") -> pl.Expr:
         .otherwise(pl.lit(None, dtype=pl.Utf8))
     )
 
-
-def is_collective_name(name: str) -> bool:
-    """True for the name of a collective-communication op or kernel."""
-    return bool(_COMM_NAME.search(name or ""))

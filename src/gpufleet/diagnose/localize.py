@@ -36,6 +36,9 @@ class Thresholds:
 
     z: float = 3.5
     cost_share: float = 0.05  # of the median step time
+    # a needless sync stalls a GPU pipeline more than a trace shows (on CPU it costs next to nothing), so
+    # its finding alarms at this fraction of the usual cost threshold
+    sync_cost_factor: float = 0.2
     noise_share: float = 0.01  # floor of the robust spread, as a share of the median step time
     data_share: float = 0.30  # data loading above this share of every rank's step is a pattern finding
     comm_share: float = 0.50  # exposed communication above this share of every rank's step
@@ -93,8 +96,10 @@ def robust_z(values: np.ndarray, floor: float) -> np.ndarray:
     return (values - med) / scale
 
 
-def _alarm(score: float, cost: float, ctx: LocaliserContext) -> bool:
-    return score >= ctx.thresholds.z and cost >= ctx.thresholds.cost_share * ctx.step_s
+def _alarm(score: float, cost: float, ctx: LocaliserContext, category: str | None = None) -> bool:
+    t = ctx.thresholds
+    share = t.cost_share * (t.sync_cost_factor if category == SYNC else 1.0)
+    return score >= t.z and cost >= share * ctx.step_s
 
 
 def _top_functions(rows: pl.DataFrame, rank: int, k: int = 3) -> list[dict]:
@@ -125,8 +130,7 @@ class CrossRank(Localiser):
     def find(self, ctx: LocaliserContext) -> list[Finding]:
         if ctx.n_ranks < 3:
             return []
-        active = ctx.steps
-        per_step = active.group_by("rank", "step", "domain", "category").agg(pl.col("time_s").sum())
+        per_step = ctx.steps.group_by("rank", "step", "domain", "category").agg(pl.col("time_s").sum())
         per_step = per_step.with_columns(
             (pl.col("time_s") - pl.col("time_s").median().over("step", "domain", "category")).alias("excess")
         )
@@ -151,7 +155,7 @@ class CrossRank(Localiser):
             for row, score in zip(group.iter_rows(named=True), z, strict=True):
                 if score < 2.0 or row["cost"] <= 0:
                     continue
-                rows = active.filter((pl.col("domain") == domain) & (pl.col("category") == category))
+                rows = ctx.steps.filter((pl.col("domain") == domain) & (pl.col("category") == category))
                 top = _top_functions(rows, row["rank"])
                 findings.append(
                     Finding(
@@ -235,9 +239,7 @@ class ExtraCalls(Localiser):
                         ],
                     },
                     localiser=self.name,
-                    # a needless sync stalls a GPU pipeline more than a trace shows (on CPU it costs next to
-                    # nothing), so its pattern alarms at a fifth of the usual cost threshold
-                    alarm=_alarm(score, cost * (5.0 if category == SYNC else 1.0), ctx),
+                    alarm=_alarm(score, cost, ctx, category),
                 )
             )
         return findings

@@ -26,11 +26,6 @@ class Timelines:
     host: pl.DataFrame
     device: pl.DataFrame
 
-    @property
-    def has_device(self) -> bool:
-        """True when the traces hold GPU activity (kernels, copies)."""
-        return self.device.height > 0
-
 
 def build_timelines(events: pl.DataFrame) -> Timelines:
     """Steps, host nesting and device steps for a trace frame (all ranks at once)."""
