@@ -24,3 +24,7 @@ class ConfigError(GpufleetError):
 
 class DiagnoseError(GpufleetError):
     """A profiler trace or timing file cannot be read or analysed (truncated JSON, missing column, ...)."""
+
+
+class HealthError(GpufleetError):
+    """Telemetry or a failure model cannot be read or used (missing field, unknown format, bad model file)."""

@@ -1,0 +1,71 @@
+"""The failure-model interface and its registry: ``--model gbdt`` is a lookup, not an if-chain.
+
+Every model, single or ensemble, follows scikit-learn's estimator shape: ``fit(samples)`` returns the
+model, ``score(samples)`` returns one float per instance, higher meaning more likely to fail. Scores are
+only compared within one model (top-K alerting), so they need not be calibrated probabilities.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from gpufleet.health.samples import Samples
+
+
+@runtime_checkable
+class FailureModel(Protocol):
+    """A failure predictor: fit on labelled instances, score unlabelled ones."""
+
+    name: str
+
+    def fit(self, samples: Samples) -> FailureModel: ...
+
+    def score(self, samples: Samples) -> np.ndarray: ...
+
+
+_REGISTRY: dict[str, Callable[..., FailureModel]] = {}
+_HELP: dict[str, str] = {}
+
+
+def register_model(name: str, help: str = "") -> Callable[[Callable[..., FailureModel]], Callable[..., FailureModel]]:
+    """Class decorator: make the model constructible as ``make_model(name, **options)``."""
+
+    def deco(factory: Callable[..., FailureModel]) -> Callable[..., FailureModel]:
+        _REGISTRY[name] = factory
+        _HELP[name] = help or (factory.__doc__ or "").strip().splitlines()[0]
+        return factory
+
+    return deco
+
+
+def _load_builtin() -> None:
+    """Import the modules that register the built-in models (torch ones only when torch is installed)."""
+    import importlib
+
+    for module in ("gpufleet.health.models.gbdt", "gpufleet.health.models.torch_nets",
+                   "gpufleet.health.models.ensembles"):
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:  # an optional extra is missing: its models are simply not listed
+            if exc.name not in ("torch", "lightgbm", "sklearn"):
+                raise
+
+
+def model_names() -> dict[str, str]:
+    """Registered model names with a one-line description each."""
+    _load_builtin()
+    return dict(_HELP)
+
+
+def make_model(name: str, **options: Any) -> FailureModel:
+    """A new, unfitted model by registered name."""
+    _load_builtin()
+    if name not in _REGISTRY:
+        from gpufleet.errors import ConfigError
+
+        known = ", ".join(sorted(_REGISTRY)) or "none (install gpufleet[health])"
+        raise ConfigError(f"unknown failure model '{name}'; known: {known}")
+    return _REGISTRY[name](**options)
