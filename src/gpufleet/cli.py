@@ -157,10 +157,10 @@ def simulate(
         help="Start multi-GPU jobs only on the fewest possible nodes (they wait otherwise).")] = False,
     placement_penalty: Annotated[float, typer.Option(
         help="Throughput lost by a job spread over more nodes than it needs (0.2 = 20 % slower).")] = 0.2,
-    checkpoint_interval: Annotated[float, typer.Option(
-        help="Seconds of progress between checkpoints; preemption loses the work since the last. "
-        "0 (default): jobs checkpoint when preempted (suspend/resume) and lose nothing.")
-    ] = 0.0,
+    checkpoint_interval: Annotated[float | None, typer.Option(
+        help="Seconds of progress between checkpoints; preemption and failures lose the work since the last. "
+        "Default 0 (jobs checkpoint when preempted and lose nothing), or 3600 with --failures.")
+    ] = None,
     restart_cost: Annotated[float, typer.Option(help="Seconds a preempted job spends restoring on restart.")] = 60.0,
     report: Annotated[Path | None, typer.Option(help="Write a self-contained HTML report here.")] = None,
     jobs_out: Annotated[Path | None, typer.Option(
@@ -172,6 +172,14 @@ def simulate(
     ray_address: Annotated[str | None, typer.Option(help="Run the sweep on this Ray cluster address.")] = None,
     debug: Annotated[bool, typer.Option(help="Check cluster invariants after every event (slow).")] = False,
     progress: Annotated[bool, typer.Option(help="Show a progress bar over simulated time.")] = True,
+    failures: Annotated[Path | None, typer.Option(
+        help="Fleet telemetry Parquet: inject its GPU failures into the running jobs (fleet node n -> training "
+        "node n mod N; fleet time 0 = the trace's first submission). See docs/sim_failures.md.")] = None,
+    predictor: Annotated[Path | None, typer.Option(
+        help="Failure model (with --failures): also run each policy draining the nodes it flags, and compare.")
+    ] = None,
+    repair_hours: Annotated[float, typer.Option(help="Hours a failed node is out for repair.")] = 24.0,
+    drain_hours: Annotated[float, typer.Option(help="Hours a drained (flagged) node is out for inspection.")] = 12.0,
 ) -> None:
     """Replay a job trace on a cluster under scheduling policies and compare queueing, JCT and utilisation.
 
@@ -182,7 +190,9 @@ def simulate(
     Metrics: gpu_util is busy training GPUs over the training pool; usage is GPU-time allocated to training
     and to inference over the capacity of both pools, measured over the trace's arrival window (first to
     last submission) so that the drain after the last arrival does not dilute it. Aryl runs also report
-    loaned_gpu_hours, reclaims (servers given back), reclaim_preemptions and scale_events.
+    loaned_gpu_hours, reclaims (servers given back), reclaim_preemptions and scale_events. With --failures:
+    failures, job_interruptions, lost_gpu_hours_failures, drains, drain_true, drain_false,
+    false_alarm_gpu_hours, drain_gpu_hours, avoided_failures (and predictor: whether alerts drained nodes).
     """
     from gpufleet.sim.config import SimConfig
     from gpufleet.sim.elastic_jobs import ElasticConfig
@@ -200,6 +210,14 @@ def simulate(
     elastic_cfg = ElasticConfig(elastic_share=elastic_share, scale_pause_s=scale_pause,
                                 reclaim_notice_s=reclaim_notice, loan_speed=loan_speed, interval_s=interval)
     show_progress = progress and not as_json and err.is_terminal and workers <= 1 and not (ray or ray_address)
+    if predictor is not None and failures is None:
+        raise typer.BadParameter("--predictor needs --failures (the fleet telemetry it predicts on)")
+    if failures is not None and (ray or ray_address):
+        raise typer.BadParameter("--failures runs on local processes (--workers), not on Ray")
+    if checkpoint_interval is None:
+        from gpufleet.sim.failure_run import DEFAULT_FAILURE_CHECKPOINT_S
+
+        checkpoint_interval = DEFAULT_FAILURE_CHECKPOINT_S if failures is not None else 0.0
     config = SimConfig(placement=placement, strict_placement=strict_placement, placement_penalty=placement_penalty,
                        checkpoint_interval_s=checkpoint_interval, restart_s=restart_cost, debug=debug,
                        progress=show_progress)
@@ -213,8 +231,12 @@ def simulate(
             err.print(f"  {r.policy}: {r.summary['finished']:,} jobs finished in {r.summary['wall_s']:.2f} s{extra}")
 
     address = ray_address or ("local" if ray else None)
-    results = run_policies(load.jobs, spec, policies, config, opts, workers=workers, ray_address=address,
-                           on_done=done, inference=inference_load, elastic=elastic_cfg)
+    if failures is not None:
+        results = _run_with_failures(load.jobs, spec, policies, config, opts, failures, predictor, repair_hours,
+                                     drain_hours, workers, done, as_json)
+    else:
+        results = run_policies(load.jobs, spec, policies, config, opts, workers=workers, ray_address=address,
+                               on_done=done, inference=inference_load, elastic=elastic_cfg)
     unsched = results[0].meta.get("unschedulable", {}) if results else {}
     if unsched and not as_json:
         err.print("[yellow]warning:[/] jobs never scheduled: "
@@ -223,7 +245,14 @@ def simulate(
         rows = [{k: _clean(v) for k, v in r.summary.items()} for r in results]
         print(json.dumps(rows, indent=2))
     else:
-        out.print(_summary_table(results, f"{load.source} on {spec.name} ({spec.total_gpus():,} GPUs)"))
+        from types import SimpleNamespace
+
+        # failure runs: label the predictor runs ("fifo+predictor")
+        shown = results if failures is None else [SimpleNamespace(summary={**r.summary, "policy": r.policy})
+                                                  for r in results]
+        out.print(_summary_table(shown, f"{load.source} on {spec.name} ({spec.total_gpus():,} GPUs)"))
+        if failures is not None:
+            out.print(_failure_table(results))
         if breakdown:
             _print_breakdown(results, breakdown)
     if report is not None:
@@ -243,6 +272,46 @@ def simulate(
         jobs_out.parent.mkdir(parents=True, exist_ok=True)
         pl.concat(frames).write_parquet(jobs_out)
         err.print(f"job outcomes written to {jobs_out}")
+
+
+def _run_with_failures(jobs: Any, spec: Any, policies: list[str], config: Any, opts: Any, fleet: Path,
+                       model: Path | None, repair_hours: float, drain_hours: float, workers: int, done: Any,
+                       quiet: bool) -> list:
+    """Each policy with the fleet's failures injected, and with the predictor's drains when ``model`` is set."""
+    from gpufleet.health.api import failure_events, predicted_alerts
+    from gpufleet.sim.failure_run import run_failure_study
+    from gpufleet.sim.failures import OutageSettings
+
+    if repair_hours <= 0 or drain_hours <= 0:
+        raise typer.BadParameter("--repair-hours and --drain-hours must be positive")
+    fails = failure_events(fleet)
+    alerts = predicted_alerts(model, fleet) if model is not None else None
+    if not quiet:
+        extra = f", {alerts.height:,} alerts from {model}" if alerts is not None else ""
+        err.print(f"{fails.height:,} failures from {fleet}{extra}; fleet time 0 = the trace's first submission, "
+                  "events after the last job ends are ignored")
+    settings = OutageSettings(repair_s=repair_hours * 3600.0, drain_s=drain_hours * 3600.0)
+    return run_failure_study(jobs, spec, policies, fails, alerts, config, settings, opts, workers=workers,
+                             on_done=done)
+
+
+def _failure_table(results: list):
+    from rich.table import Table
+
+    from gpufleet.sim.failure_run import comparison
+
+    table = Table(title="failures: without and with the predictor", header_style="bold")
+    cols = ("policy", "predictor", "failures", "interruptions", "lost GPU-h", "drains (true/false)",
+            "false-alarm GPU-h", "avoided", "avg JCT", "finished")
+    for col in cols:
+        table.add_column(col, justify="left" if col in ("policy", "predictor") else "right")
+    for row in comparison(results).iter_rows(named=True):
+        table.add_row(row["policy"], "yes" if row["predictor"] else "no", f"{row['failures']:,}",
+                      f"{row['job_interruptions']:,}", f"{row['lost_gpu_hours_failures']:,.1f}",
+                      f"{row['drains']:,} ({row['drain_true']:,}/{row['drain_false']:,})",
+                      f"{row['false_alarm_gpu_hours']:,.1f}", f"{row['avoided_failures']:,}",
+                      _fmt_s(row["avg_jct_s"]), f"{row['finished']:,}/{row['jobs']:,}")
+    return table
 
 
 def _inference_for(spec: Any, source: str | None, jobs: Any) -> Any:

@@ -86,8 +86,8 @@ def evaluate(arrays: FleetArrays, models: Sequence[str], cfg: EvalConfig | None 
     if bad_modes:
         raise HealthError(f"unknown mode(s) {', '.join(bad_modes)}; use once and/or sliding")
     fc = cfg.features
-    train_h = int(round(cfg.train_days * 24))
-    period_h = int(round(cfg.period_days * 24))
+    train_h = round(cfg.train_days * 24)
+    period_h = round(cfg.period_days * 24)
     end_h = arrays.n_bins * arrays.bin_h - fc.horizon_h  # rounds whose horizon the telemetry still covers
     if train_h < fc.window_h + fc.horizon_h or train_h >= end_h:
         raise HealthError(f"train_days={cfg.train_days} leaves no room: the telemetry covers {arrays.hours} h, "

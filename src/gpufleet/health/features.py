@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpufleet.errors import HealthError
-from gpufleet.health.fleet_arrays import COUNTERS, GAUGES, FleetArrays
+from gpufleet.health.fleet_arrays import COUNTERS, FleetArrays
 from gpufleet.health.samples import Samples
 
 _EVENTS = {*COUNTERS, "hw_throttle_h", "sw_thermal_h", "xid63", "xid92", "xid94", "xid_benign", "xid_other",
@@ -53,7 +53,7 @@ def feature_names(channels: tuple[str, ...]) -> list[str]:
 
 def tabular_from_sequence(seq: np.ndarray, channels: tuple[str, ...], recent_bins: int) -> np.ndarray:
     """Window aggregates of each channel from the (n, bins, channels) sequence, all channels at once."""
-    n, wb, _ = seq.shape
+    _n, wb, _ = seq.shape
     kinds = np.array(_kinds(channels))
     ev = np.nonzero(kinds == "event")[0]
     ga = np.nonzero(kinds == "gauge")[0]

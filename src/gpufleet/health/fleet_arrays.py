@@ -22,7 +22,8 @@ from gpufleet.health import xid as xid_catalog
 #: gauges averaged per bin (name -> DCGM field)
 GAUGES = {
     "temp": "DCGM_FI_DEV_GPU_TEMP", "mem_temp": "DCGM_FI_DEV_MEMORY_TEMP", "power": "DCGM_FI_DEV_POWER_USAGE",
-    "util": "DCGM_FI_DEV_GPU_UTIL", "sm_clock": "DCGM_FI_DEV_SM_CLOCK", "remap_pending": "DCGM_FI_DEV_ROW_REMAP_PENDING",
+    "util": "DCGM_FI_DEV_GPU_UTIL", "sm_clock": "DCGM_FI_DEV_SM_CLOCK",
+    "remap_pending": "DCGM_FI_DEV_ROW_REMAP_PENDING",
 }
 #: counters summed as increments per bin
 COUNTERS = {

@@ -72,7 +72,7 @@ class FleetConfig:
 
     @property
     def hours(self) -> int:
-        return int(round(self.days * 24))
+        return round(self.days * 24)
 
     @property
     def nodes(self) -> int:
@@ -112,7 +112,7 @@ class _Plan:
 
 
 def _draw_plan(cfg: FleetConfig, rng: np.random.Generator) -> _Plan:
-    g, h = cfg.gpus, cfg.hours
+    g, _h = cfg.gpus, cfg.hours
     nodes, racks = cfg.nodes, math.ceil(cfg.nodes / cfg.nodes_per_rack)
     weak = rng.random(g) < cfg.weak_batch_share
     plan_failures = _draw_failures(cfg, rng, weak)
@@ -147,7 +147,8 @@ def _draw_failures(cfg: FleetConfig, rng: np.random.Generator, weak: np.ndarray)
             hours = rng.random(n) * h
         xids = rng.choice(np.array(kind.xids), size=n)
         has = rng.random(n) < kind.precursor_prob
-        rows += [(int(a), int(b), kind.name, int(c), bool(d)) for a, b, c, d in zip(gpus, hours, xids, has, strict=True)]
+        rows += [(int(a), int(b), kind.name, int(c), bool(d))
+                 for a, b, c, d in zip(gpus, hours, xids, has, strict=True)]
     frame = pl.DataFrame(rows, schema={"gpu": pl.UInt32, "hour": pl.Int64, "kind": pl.Utf8, "xid": pl.Int64,
                                        "precursor": pl.Boolean}, orient="row").sort("gpu", "hour")
     repair = np.clip(rng.lognormal(math.log(facts.REPAIR_MEDIAN_H), 0.5, frame.height), 4, 240).astype(np.int64)
@@ -283,8 +284,8 @@ def _chunk(cfg: FleetConfig, plan: _Plan, g0: int, g1: int, rng: np.random.Gener
     pcie = _sparse_counts(rng, (n, h), np.full(n, 0.01))
     bad_rows = plan.rack_bad_cables[rack]
     first_bad = min(int(facts.MAINTENANCE_DAY * 24), h)
-    pcie[:, first_bad:] += _sparse_counts(rng, (n, h - first_bad), np.where(bad_rows, 0.01, 0.0),
-                                          size=lambda k: rng.poisson(25, k))
+    pcie[:, first_bad:] += _sparse_counts(rng, (n, h - first_bad), np.where(bad_rows, 0.004, 0.0),
+                                          size=lambda k: rng.poisson(12, k))
     crc = _sparse_counts(rng, (n, h), np.full(n, 0.005))
     xid = np.zeros((n, h), dtype=np.int64)
     rank = np.zeros((n, h), dtype=np.int8)  # severity of the XID held in ``xid``: 1 benign, 2 precursor, 3 hard
@@ -401,10 +402,7 @@ def _chunk_frame(cfg: FleetConfig, g0: int, cols: dict[str, np.ndarray]) -> pl.D
     }
     for name, arr in cols.items():
         flat = arr.ravel()
-        if name in CODES:
-            s = pl.Series(name, flat.astype(np.int64))
-        else:
-            s = pl.Series(name, flat.astype(np.float32))
+        s = pl.Series(name, flat.astype(np.int64)) if name in CODES else pl.Series(name, flat.astype(np.float32))
         data[name] = s
     frame = pl.DataFrame(data)
     if dead.any():

@@ -20,6 +20,7 @@ import polars as pl
 
 from gpufleet.sched.base import Policy
 from gpufleet.sim.config import SimConfig
+from gpufleet.sim.failures import DRAIN_DOWN, FAIL_DOWN, NODE_UP, OutagePlan
 from gpufleet.sim.metrics import summarize
 from gpufleet.sim.partition import Allocation, Partition
 from gpufleet.sim.result import SimResult
@@ -36,7 +37,7 @@ class Simulator:
     """One run of one policy over one workload on one cluster; call :meth:`run` once."""
 
     def __init__(self, workload: Workload, partitions: list[Partition], policy: Policy,
-                 config: SimConfig | None = None) -> None:
+                 config: SimConfig | None = None, outages: OutagePlan | None = None) -> None:
         self.workload = workload
         self.parts = partitions
         self.policy = policy
@@ -65,6 +66,8 @@ class Simulator:
         self.preemptions = [0] * n
         self.useful = [0.0] * n  # progress made, counting work later lost
         self.lost = [0.0] * n  # progress rolled back to a checkpoint
+        self.interruptions = [0] * n  # kills by node failures (see gpufleet.sim.failures)
+        self.restarts = [0] * n  # resumes from a checkpoint: preemptions, failures and drains
         self.alloc: list[Allocation | None] = [None] * n
         self.part_of = [-1] * n
         self.token = [0] * n  # bumps on every start/preempt; stale timers carry an old token
@@ -99,6 +102,13 @@ class Simulator:
         self._tl_busy = array("q")
         self._tl_queued = array("q")
         self._tl_running = array("q")
+        # node outages (failures, drains): a cursor into the plan's event stream; down nodes hold all their GPUs
+        self.outages = outages
+        self._oi = 0
+        self._down = [0] * len(partitions)  # GPUs out of service, per partition
+        self._penalty: dict[int, float] = {}  # extra restore time of a job's next start (a drain's checkpoint)
+        self._out_stats = {"job_interruptions": 0, "lost_failures_gpu_s": 0.0, "drain_moves": 0,
+                           "drain_cost_gpu_s": 0.0}
         policy.bind(self)
 
     # ------------------------------------------------------------------ setup
@@ -213,7 +223,10 @@ class Simulator:
         self.alloc[j] = alloc
         self.part_of[j] = p
         speed = 1.0 if len(alloc) <= part.ideal_nodes(g) else 1.0 - self.config.placement_penalty
-        over = self.config.restart_s if self.preemptions[j] else 0.0
+        resumed = self.restarts[j]
+        over = self.config.restart_s if resumed else 0.0
+        if self._penalty:
+            over += self._penalty.pop(j, 0.0)
         self.seg_start[j] = now
         self.seg_over[j] = over
         self.seg_speed[j] = speed
@@ -224,7 +237,7 @@ class Simulator:
         self._ver[j] += 1
         self._seq += 1
         heapq.heappush(self._events, (fin, _COMPLETE, self._seq, j, self._ver[j]))
-        if self.preemptions[j] and self.policy.preemptive:
+        if resumed and self.policy.preemptive:
             ci = self.config.checkpoint_interval_s
             done = self.duration[j] - self.remaining[j]
             need = (math.floor(done / ci) * ci + ci - done) if ci > 0 else over
@@ -271,10 +284,67 @@ class Simulator:
         self.lost[j] += done - kept
         self.remaining[j] = dur - kept
         self.preemptions[j] += 1
+        self.restarts[j] += 1
         self.state[j] = WAITING
         self.n_waiting += 1
         self._push_waiting(j)
         self.policy.on_preempt(j, now)
+
+    def _interrupt(self, j: int, now: float, lossy: bool) -> None:
+        """Take running ``j`` off a node that goes out: a failure (``lossy``) rolls it back to its last
+        checkpoint, a drain checkpoints it first; either way it waits to restart and pays ``restart_s``."""
+        prog = self._stop_segment(j, now)
+        dur = self.duration[j]
+        before = dur - self.remaining[j]
+        done = before + prog
+        g = self.gpus[j]
+        stats = self._out_stats
+        if lossy:
+            ci = self.config.checkpoint_interval_s
+            kept = max(before, math.floor(done / ci) * ci) if ci > 0 else done
+            self.lost[j] += done - kept
+            self.interruptions[j] += 1
+            stats["job_interruptions"] += 1
+            stats["lost_failures_gpu_s"] += (done - kept + self.config.restart_s) * g
+        else:
+            kept = done
+            save = self.outages.settings.checkpoint_save_s  # type: ignore[union-attr]
+            self._penalty[j] = save
+            stats["drain_moves"] += 1
+            stats["drain_cost_gpu_s"] += (save + self.config.restart_s) * g
+        self.remaining[j] = dur - kept
+        self.restarts[j] += 1
+        self.state[j] = WAITING
+        self.n_waiting += 1
+        self._push_waiting(j)
+        self.policy.on_preempt(j, now)
+
+    def _apply_outages(self, t: float) -> float:
+        """Apply the outage events due by ``t``; returns the time of the next one (inf when none is left)."""
+        plan = self.outages
+        assert plan is not None
+        i = self._oi
+        times = plan.time
+        while i < len(times) and times[i] <= t:
+            kind = plan.kind[i]
+            p = plan.part[i]
+            node = plan.node[i]
+            part = self.parts[p]
+            if kind in (FAIL_DOWN, DRAIN_DOWN):
+                alloc = self.alloc
+                hit = [j for j in self._running[p] if any(n == node for n, _ in alloc[j])]  # type: ignore[union-attr]
+                for j in hit:
+                    self._interrupt(j, t, kind == FAIL_DOWN)
+                part._take(node, part.gpus_per_node)  # the emptied node looks fully busy: nothing starts there
+                part.total_free -= part.gpus_per_node
+                self._down[p] += part.gpus_per_node
+            elif kind == NODE_UP:
+                part.release([(node, part.gpus_per_node)])
+                self._down[p] -= part.gpus_per_node
+                self._churn += part.gpus_per_node  # room for preemption grew
+            i += 1
+        self._oi = i
+        return times[i] if i < len(times) else _INF
 
     def _finish(self, j: int, now: float) -> None:
         prog = self._stop_segment(j, now)
@@ -462,14 +532,17 @@ class Simulator:
         ver = self._ver
         token = self.token
         count = 0
+        t_out = self.outages.time[0] if self.outages else _INF  # next node outage event
         while True:
             while a < n and state[a] == UNSCHEDULABLE:
                 a += 1
             ta = submit[a] if a < n else _INF
             te = events[0][0] if events else _INF
             t = ta if ta < te else te
-            if t == _INF:
-                break
+            if t >= t_out:  # an outage event comes first, or nothing else is left (then t is inf)
+                if t_out == _INF or (t == _INF and not self.n_waiting):
+                    break  # no job left to run: later outages are ignored
+                t = t_out
             self.now = t
             changed = False  # stale events (a preempted job's old completion, old timers) change nothing
             while events and events[0][0] <= t:
@@ -489,6 +562,9 @@ class Simulator:
                 elif seq == self._wakeup_seq:
                     self._wakeup_at = _INF
                     changed = True
+            if t_out <= t:
+                t_out = self._apply_outages(t)
+                changed = True
             while a < n and submit[a] <= t:
                 if state[a] == PENDING:
                     self._arrive(a)
@@ -537,7 +613,7 @@ class Simulator:
                 held += self.gpus[j]
                 running += 1
                 assert sum(c for _, c in self.alloc[j]) == self.gpus[j]  # type: ignore[union-attr]
-            assert part.total - part.total_free == sum(self.gpus[j] for j in self._running[p])
+            assert part.total - part.total_free - self._down[p] == sum(self.gpus[j] for j in self._running[p])
         assert held == self.busy <= self.total_gpus, "more GPUs allocated than exist"
         assert running == self.n_running
         for j in range(self.n):
@@ -575,6 +651,8 @@ class Simulator:
             },
             schema_overrides={"vc": pl.Utf8, "job_id": pl.Utf8},
         )
+        if self.outages is not None:
+            jobs = jobs.with_columns(pl.Series("interruptions", self.interruptions, dtype=pl.Int64))
         timeline = pl.DataFrame(
             {
                 "time_s": np.frombuffer(self._tl_t, dtype=np.float64),
@@ -591,7 +669,19 @@ class Simulator:
             "config": self.config,
         }
         summary = summarize(self.policy.name, jobs, timeline, self.total_gpus, wall, meta)
+        if self.outages is not None:
+            summary.update(self._outage_summary())
         return SimResult(self.policy.name, summary, jobs, timeline, self.total_gpus, meta)
+
+    def _outage_summary(self) -> dict[str, Any]:
+        """Failure and drain metrics of the run (see ``gpufleet.sim.failures``)."""
+        st = self._out_stats
+        out: dict[str, Any] = self.outages.summary(self._oi)  # type: ignore[union-attr]
+        out["job_interruptions"] = st["job_interruptions"]
+        out["lost_gpu_hours_failures"] = st["lost_failures_gpu_s"] / 3600.0
+        out["drain_moves"] = st["drain_moves"]
+        out["drain_cost_gpu_hours"] = st["drain_cost_gpu_s"] / 3600.0
+        return out
 
 
 class _ProgressBar:

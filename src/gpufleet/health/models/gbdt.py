@@ -16,7 +16,7 @@ class GBDTModel:
 
     def __init__(self, n_estimators: int = 300, learning_rate: float = 0.05, num_leaves: int = 31,
                  min_child_samples: int = 20, subsample: float = 0.8, colsample: float = 0.5,
-                 max_pos_weight: float = 20.0, threads: int = 2, seed: int = 0) -> None:
+                 max_pos_weight: float = 20.0, threads: int = 1, seed: int = 0) -> None:
         self.params = {
             "objective": "binary", "learning_rate": learning_rate, "num_leaves": num_leaves,
             "min_child_samples": min_child_samples, "bagging_fraction": subsample, "bagging_freq": 1,

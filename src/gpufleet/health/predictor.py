@@ -1,0 +1,170 @@
+"""A trained failure predictor as one file: the model, its feature windows, its alert budget, a calibration.
+
+``train_predictor`` fits a model on the most recent telemetry, as an operator would run it every period
+(sliding training in production). Before the final fit it holds out the last ``calibrate_days`` to learn
+how often a score turned out right (isotonic regression), so that ``predict`` can say "72 % likely to
+fail within 48 h" rather than print a bare score.
+"""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from gpufleet.errors import HealthError
+from gpufleet.health.features import FeatureConfig, build_samples, candidate_instances, training_samples
+from gpufleet.health.fleet_arrays import FleetArrays
+from gpufleet.health.models.base import FailureModel, make_model
+from gpufleet.health.models.ensembles import DEFAULT_BUDGET, CascadeEnsemble, ParallelEnsemble, top_k_per_round
+
+_FORMAT = "gpufleet.health.predictor/1"
+
+
+@dataclass
+class Predictor:
+    """What ``health train`` writes and ``health predict`` / ``simulate --predictor`` read."""
+
+    model: FailureModel
+    model_name: str
+    features: FeatureConfig
+    bin_h: int
+    budget: float
+    trained: dict[str, Any] = field(default_factory=dict)  # span, instances, positives, source
+    calibration: tuple[np.ndarray, np.ndarray] | None = None  # isotonic knots: score -> probability
+    format: str = _FORMAT
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(pickle.dumps(self, protocol=pickle.HIGHEST_PROTOCOL))
+        return path
+
+    @staticmethod
+    def load(path: str | Path) -> Predictor:
+        path = Path(path)
+        if not path.exists():
+            raise HealthError(f"{path}: no such model file; write one with `gpufleet health train`")
+        try:
+            obj = pickle.loads(path.read_bytes())
+        except Exception as exc:  # a truncated or foreign pickle
+            raise HealthError(f"{path}: not a gpufleet failure model ({type(exc).__name__}: {exc})") from exc
+        if not isinstance(obj, Predictor) or getattr(obj, "format", None) != _FORMAT:
+            raise HealthError(f"{path}: not a gpufleet failure model; write one with `gpufleet health train`")
+        return obj
+
+    def probability(self, scores: np.ndarray) -> np.ndarray:
+        """Calibrated probability of failure within the horizon (NaN without a calibration)."""
+        if self.calibration is None:
+            return np.full(len(scores), np.nan)
+        x, y = self.calibration
+        finite = np.where(np.isfinite(scores), scores, x[0] - 1.0)
+        return np.interp(finite, x, y, left=y[0], right=y[-1])
+
+    def scores(self, arrays: FleetArrays, gpu: np.ndarray, hour: np.ndarray) -> np.ndarray:
+        if arrays.bin_h != self.bin_h:
+            raise HealthError(f"telemetry binned at {arrays.bin_h} h but the model expects {self.bin_h} h")
+        samples = build_samples(arrays, gpu, hour, self.features, with_labels=False)
+        return np.asarray(self.model.score(samples), dtype=np.float64)
+
+
+def _fit(name: str, train: Any, budget: float, seed: int, torch_options: dict) -> FailureModel:
+    opts = dict(torch_options) if name in ("mlp", "lstm", "cnn1d") else {}
+    if name == "parallel":
+        return ParallelEnsemble(budget=budget, seed=seed).fit(train)
+    if name == "cascade":
+        return CascadeEnsemble(seed=seed).fit(train)
+    return make_model(name, seed=seed, **opts).fit(train)
+
+
+def train_predictor(arrays: FleetArrays, model: str = "gbdt", features: FeatureConfig | None = None,
+                    train_days: float = 28.0, calibrate_days: float = 14.0, budget: float = DEFAULT_BUDGET,
+                    negative_rate: float = 0.03, seed: int = 0, source: str = "",
+                    torch_options: dict | None = None) -> Predictor:
+    """Fit ``model`` on the last ``train_days`` whose labels are known, calibrated on a held-out tail."""
+    fc = features or FeatureConfig()
+    fc.validate(arrays.bin_h)
+    torch_options = torch_options or {}
+    end = arrays.n_bins * arrays.bin_h  # labels of instances before end - horizon are known
+    train_h, cal_h = round(train_days * 24), round(calibrate_days * 24)
+    if train_h < fc.window_h + fc.horizon_h:
+        raise HealthError(f"--train-days {train_days:g} is shorter than a window plus the horizon "
+                          f"({(fc.window_h + fc.horizon_h) / 24:g} days)")
+    if train_h + cal_h + fc.horizon_h > end:
+        raise HealthError(f"the telemetry covers {arrays.hours / 24:.1f} days, too few for {train_days:g} training "
+                          f"+ {calibrate_days:g} calibration days + the {fc.horizon_h} h horizon")
+    calibration = None
+    if cal_h:
+        cal_start = end - fc.horizon_h - cal_h
+        early = _fit(model, training_samples(arrays, fc, cal_start - train_h, cal_start, negative_rate, seed),
+                     budget, seed, torch_options)
+        gpu, hour = candidate_instances(arrays, fc, cal_start, end - fc.horizon_h, every_h=24)
+        held = build_samples(arrays, gpu, hour, fc)
+        s = np.asarray(early.score(held), dtype=np.float64)
+        calibration = _isotonic(s, held.y)
+    train = training_samples(arrays, fc, end - train_h, end, negative_rate, seed)
+    fitted = _fit(model, train, budget, seed, torch_options)
+    start = arrays.start
+    return Predictor(
+        model=fitted, model_name=model, features=fc, bin_h=arrays.bin_h, budget=budget, calibration=calibration,
+        trained={"source": source, "gpus": arrays.gpus, "instances": len(train), "positives": int(train.y.sum()),
+                 "from": (start + timedelta(hours=end - train_h)).isoformat(),
+                 "to": (start + timedelta(hours=end)).isoformat(), "end_hour": end,
+                 "fleet_start": start.isoformat(), "fleet_meta": arrays.meta},
+    )
+
+
+def _isotonic(scores: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """Knots of an increasing score -> frequency-of-failure map (None when the held-out span has no failure)."""
+    from sklearn.isotonic import IsotonicRegression
+
+    if y.sum() == 0:
+        return None
+    finite = np.isfinite(scores)
+    floor = np.min(scores[finite]) - 1.0 if finite.any() else 0.0
+    x = np.where(finite, scores, floor)
+    iso = IsotonicRegression(out_of_bounds="clip", y_min=0.0, y_max=1.0).fit(x, y)
+    return np.asarray(iso.X_thresholds_, dtype=np.float64), np.asarray(iso.y_thresholds_, dtype=np.float64)
+
+
+def predict_latest(predictor: Predictor, arrays: FleetArrays, top: int = 20, at_hour: int | None = None
+                   ) -> pl.DataFrame:
+    """The ``top`` GPUs most likely to fail, scored at the last bin boundary (or ``at_hour``)."""
+    hour = at_hour if at_hour is not None else arrays.n_bins * arrays.bin_h
+    hour -= hour % arrays.bin_h
+    gpu, hours = candidate_instances(arrays, predictor.features, hour, hour + 1)
+    if len(gpu) == 0:
+        raise HealthError(f"no GPU reported in the hour before {arrays.start + timedelta(hours=hour)} "
+                          f"or the telemetry is shorter than the {predictor.features.window_h} h window")
+    s = predictor.scores(arrays, gpu, hours)
+    order = np.argsort(-s, kind="stable")[:top]
+    prob = predictor.probability(s[order])
+    return pl.DataFrame({
+        "rank": np.arange(1, len(order) + 1), "gpu": gpu[order], "node": arrays.node[gpu[order]],
+        "time": [arrays.start + timedelta(hours=int(hour))] * len(order), "score": s[order],
+        "probability": prob,
+        # the predictor's own budget decides which of these it would alert on in a round
+        "alert": (np.arange(len(order)) < max(1, round(predictor.budget * len(gpu)))) & np.isfinite(s[order]),
+    })
+
+
+def rolling_alerts(predictor: Predictor, arrays: FleetArrays, start_h: int = 0, every_h: int = 24) -> pl.DataFrame:
+    """The alerts the predictor raises in rounds every ``every_h`` hours from ``start_h``: gpu, node, hour, score."""
+    end = arrays.n_bins * arrays.bin_h
+    rows = []
+    for s in range(start_h, end, every_h * 14):  # two weeks of rounds at a time bounds memory
+        gpu, hour = candidate_instances(arrays, predictor.features, s, min(s + every_h * 14, end), every_h=every_h)
+        if len(gpu) == 0:
+            continue
+        sc = predictor.scores(arrays, gpu, hour)
+        hit = top_k_per_round(hour, sc, predictor.budget)
+        rows.append(pl.DataFrame({"gpu": gpu[hit], "node": arrays.node[gpu[hit]], "hour": hour[hit],
+                                  "score": sc[hit]}))
+    if not rows:
+        return pl.DataFrame(schema={"gpu": pl.Int64, "node": pl.Int64, "hour": pl.Int64, "score": pl.Float64})
+    return pl.concat(rows)
