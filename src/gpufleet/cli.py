@@ -17,6 +17,7 @@ import typer
 from rich.console import Console
 
 from gpufleet.cli_diagnose import diagnose_app
+from gpufleet.cli_health import health_app
 from gpufleet.errors import GpufleetError
 
 app = typer.Typer(
@@ -40,6 +41,7 @@ perf_app = typer.Typer(
 )
 app.add_typer(perf_app, name="perf")
 app.add_typer(diagnose_app, name="diagnose")
+app.add_typer(health_app, name="health")
 
 out = Console()
 if not out.is_terminal:  # piped output: do not squeeze tables into 80 columns
