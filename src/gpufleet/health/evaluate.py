@@ -97,7 +97,11 @@ def evaluate(arrays: FleetArrays, models: Sequence[str], cfg: EvalConfig | None 
     say = progress or (lambda _msg: None)
     timings: dict[str, float] = {}
 
+    cache: dict[tuple[int, int], dict[str, FailureModel]] = {}
+
     def fit_all(start: int, stop: int, label: str) -> dict[str, FailureModel]:
+        if (max(0, start), stop) in cache:  # the first sliding window is the train-once window
+            return cache[(max(0, start), stop)]
         t0 = time.perf_counter()
         train = training_samples(arrays, fc, max(0, start), stop, cfg.negative_rate, cfg.seed)
         timings["features"] = timings.get("features", 0.0) + time.perf_counter() - t0
@@ -114,6 +118,8 @@ def evaluate(arrays: FleetArrays, models: Sequence[str], cfg: EvalConfig | None 
             casc = CascadeEnsemble(filter=fitted["cnn1d"], classifier=_make("mlp", cfg), keep=cfg.cascade_keep)
             fitted["cascade"] = casc.with_fitted_filter(fitted["cnn1d"]).fit(train)
             timings["fit cascade"] = timings.get("fit cascade", 0.0) + time.perf_counter() - t0
+        cache.clear()
+        cache[(max(0, start), stop)] = fitted
         return fitted
 
     rows: list[pl.DataFrame] = []

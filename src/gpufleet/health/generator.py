@@ -67,7 +67,9 @@ class FleetConfig:
     weak_batch_hbm_factor: float = 3.0
     #: decoy episodes (the signature without a failure) per true precursor episode, by signature (assumption)
     decoys: dict[str, float] = field(default_factory=lambda: {
-        "hbm": 1.2, "pcie": 1.5, "nvlink": 1.0, "sram": 1.0, "app_errors": 2.0, "thermal": 3.0})
+        "hbm": 1.0, "pcie": 1.0, "nvlink": 0.8, "sram": 1.0, "app_errors": 1.5, "thermal": 2.0})
+    #: decoys are milder on average than real precursors (log-normal median ratio), with overlapping tails
+    decoy_intensity: float = 0.5
     chunk_gpus: int = 2_000
 
     @property
@@ -194,7 +196,7 @@ def _draw_episodes(cfg: FleetConfig, rng: np.random.Generator, failures: pl.Data
         med = float(np.mean([k.median_lead_h for k in FAILURE_KINDS if k.precursor == sig] or [24.0]))
         length = np.repeat(np.clip(rng.lognormal(math.log(med), 0.6, n), 6, 240).astype(np.int64), reps)
         start = np.repeat(rng.integers(-24, h, n), reps)
-        inten = np.repeat(rng.lognormal(-0.3, 0.5, n), reps)
+        inten = np.repeat(rng.lognormal(math.log(cfg.decoy_intensity), 0.5, n), reps)
         ok = gpus < g
         parts.append(pl.DataFrame({
             "gpu": gpus[ok].astype(np.uint32), "start": start[ok], "end": (start + length)[ok],
