@@ -106,10 +106,11 @@ def test_failure_on_an_idle_node_kills_nothing() -> None:
     assert col(r, "finish_s") == [10_000.0, 10_000.0, 15_000.0]
 
 
-def test_failures_after_the_last_job_are_ignored_and_fleet_nodes_wrap() -> None:
-    # fleet node 3 lands on cluster node 3 mod 2 = 1 (j1's node); fleet time 0 is the first submit (1,000 s)
+def test_failures_after_the_last_job_and_beyond_the_cluster_are_ignored() -> None:
+    # fleet node 1 is cluster node 1 (j1's node); fleet node 3 is not in the 2-node cluster; fleet time 0 is
+    # the first submit (1,000 s)
     rows = [(1000, 10_000, 8), (1000, 10_000, 8)]
-    r = run(rows, failures((3, 4000.0), (0, 50_000.0)))
+    r = run(rows, failures((1, 4000.0), (3, 4000.0), (0, 50_000.0)))
     assert col(r, "interruptions") == [0, 1]
     # j1 failed at 5,000 s after 4,000 s of progress: back to 3,600 s; node 0 is free at 11,000 s
     assert col(r, "finish_s") == [11_000.0, 11_000.0 + 60 + 6400]

@@ -15,7 +15,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
 
 import numpy as np
 import polars as pl
@@ -160,17 +159,22 @@ def evaluate(arrays: FleetArrays, models: Sequence[str], cfg: EvalConfig | None 
     test_start, test_end = periods[0][0], periods[-1][1]
     in_span = (arrays.failure_hour >= test_start) & (arrays.failure_hour < test_end)
     n_fail = int(in_span.sum())
-    table, monthly = _metrics(alerts, models, modes, n_fail, arrays)
+    table, monthly = _metrics(alerts, models, modes, n_fail, arrays, test_start, test_end)
     return EvalResult(table=table, monthly=monthly, alerts=alerts, failures=n_fail, timings=timings)
 
 
 def _metrics(alerts: pl.DataFrame, models: Sequence[str], modes: Sequence[str], n_fail: int,
-             arrays: FleetArrays) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Precision, recall, F1 and lead time per (model, mode), and precision per calendar month."""
+             arrays: FleetArrays, test_start: int, test_end: int) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Precision, recall, F1 and lead time per (model, mode), and precision per calendar month.
+
+    Recall counts only failures inside the test span; a right alert in the last rounds may foresee one
+    just after it, which counts for precision but not for recall.
+    """
     if alerts.is_empty():
         raise HealthError("no alerts were raised: the test span holds no prediction round")
     caught = (alerts.filter(pl.col("true"))
               .with_columns(fail_hour=pl.col("hour") + pl.col("lead_h").cast(pl.Int64))
+              .filter((pl.col("fail_hour") >= test_start) & (pl.col("fail_hour") < test_end))
               .group_by("model", "mode", "gpu", "fail_hour").agg(lead=pl.col("lead_h").max()))
     per_fail = caught.group_by("model", "mode").agg(caught=pl.len(), lead_h_median=pl.col("lead").median(),
                                                      lead_h_mean=pl.col("lead").mean())
@@ -192,5 +196,4 @@ def _metrics(alerts: pl.DataFrame, models: Sequence[str], modes: Sequence[str], 
     month = (pl.lit(start).cast(pl.Datetime("ms", "UTC")) + pl.duration(hours=pl.col("hour"))).dt.strftime("%Y-%m")
     monthly = (alerts.with_columns(month=month).group_by("model", "mode", "month")
                .agg(alerts=pl.len(), precision=pl.col("true").mean()).sort("model", "mode", "month"))
-    _ = timedelta  # months are calendar months of the fleet's own clock
     return table, monthly

@@ -44,7 +44,7 @@ FAILURE_KINDS: tuple[FailureKind, ...] = (
     FailureKind("bus_drop", "faulty GPU", 0.301 * 0.45, (79,), "pcie", 0.55, 48.0),
     FailureKind("nvlink", "faulty GPU", 0.301 * 0.25, (74,), "nvlink", 0.70, 60.0),
     FailureKind("hang", "faulty GPU", 0.301 * 0.30, (46, 109), "none", 0.0, 0.0),
-    FailureKind("hbm", "GPU HBM3 memory", 0.172, (48, 95), "hbm", 0.85, 96.0),
+    FailureKind("hbm", "GPU HBM3 memory", 0.172, (48, 95), "hbm", 0.85, 72.0),
     FailureKind("sram", "GPU SRAM memory", 0.045, (140, 48), "sram", 0.50, 36.0),
     FailureKind("gsp", "GPU system processor", 0.041, (119, 120), "app_errors", 0.30, 72.0),
     FailureKind("thermal", "GPU thermal interface + sensor", 0.014, (79,), "thermal", 0.90, 120.0),

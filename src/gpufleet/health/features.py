@@ -51,8 +51,11 @@ def feature_names(channels: tuple[str, ...]) -> list[str]:
     return [f"{ch}_{stat}" for ch, kind in zip(channels, _kinds(channels), strict=True) for stat in _STATS[kind]]
 
 
-def tabular_from_sequence(seq: np.ndarray, channels: tuple[str, ...], recent_bins: int) -> np.ndarray:
-    """Window aggregates of each channel from the (n, bins, channels) sequence, all channels at once."""
+def tabular_from_sequence(seq: np.ndarray, channels: tuple[str, ...], recent_bins: int, bin_h: int) -> np.ndarray:
+    """Window aggregates of each channel from the (n, bins, channels) sequence, all channels at once.
+
+    Each instance's features depend on its own sequence only (``bin_h`` scales the alive-hours share).
+    """
     _n, wb, _ = seq.shape
     kinds = np.array(_kinds(channels))
     ev = np.nonzero(kinds == "event")[0]
@@ -68,19 +71,18 @@ def tabular_from_sequence(seq: np.ndarray, channels: tuple[str, ...], recent_bin
     with np.errstate(all="ignore"):
         mean_w = total / count
         mean_recent = recent / recent_count
-        zg = z[:, :, ga]
-        std_g = np.sqrt(np.maximum(np.einsum("nbc,nbc->nc", zg, zg) / count[:, ga] - mean_w[:, ga] ** 2, 0))
+        # centred sums: E[x^2] - mean^2 in float32 loses the spread of gauges far from zero (clocks ~2,000 MHz)
+        centred = np.where(missing[:, :, ga], np.float32(0), seq[:, :, ga] - mean_w[:, None, ga])
+        std_g = np.sqrt(np.einsum("nbc,nbc->nc", centred, centred, dtype=np.float64) / count[:, ga])
     nonzero = z[:, ::-1, ev] > 0
     since_e = np.where(nonzero.any(axis=1), np.argmax(nonzero, axis=1), wb).astype(np.float32)
     std = np.full_like(total, np.nan)
     std[:, ga] = std_g
     since = np.full_like(total, np.nan)
     since[:, ev] = since_e
-    alive_norm = max(float(np.nanmax(seq[:, :, channels.index("alive_h")], initial=1.0)), 1.0) \
-        if "alive_h" in channels else 1.0
     stats = {
         "sum_w": total, "sum_recent": recent, "max": peak, "trend": total - 2 * first_half, "bins_since": since,
-        "mean_w": mean_w, "mean_recent": mean_recent, "std_w": std, "frac_w": total / (wb * alive_norm),
+        "mean_w": mean_w, "mean_recent": mean_recent, "std_w": std, "frac_w": total / (wb * bin_h),
     }
     last = seq[:, -1]
     cols = []
@@ -97,6 +99,8 @@ def tabular_from_sequence(seq: np.ndarray, channels: tuple[str, ...], recent_bin
 
 def labels(arrays: FleetArrays, gpu: np.ndarray, hour: np.ndarray, horizon_h: int) -> tuple[np.ndarray, np.ndarray]:
     """1 where the GPU fails in ``[hour, hour + horizon)``, and the hours until that failure (NaN if none)."""
+    if len(arrays.failure_gpu) == 0:
+        return np.zeros(len(gpu), dtype=np.int8), np.full(len(gpu), np.nan, dtype=np.float32)
     key_f = arrays.failure_gpu * (arrays.hours + 1) + arrays.failure_hour
     order = np.argsort(key_f)
     key_f = key_f[order]
@@ -121,7 +125,7 @@ def candidate_instances(arrays: FleetArrays, cfg: FeatureConfig, start_h: int, e
         raise HealthError(f"prediction interval {step} h is not a multiple of the {arrays.bin_h}-hour bin")
     first = max(start_h, cfg.window_h)
     first = -(-first // step) * step
-    last = min(end_h, arrays.n_bins * arrays.bin_h)
+    last = min(end_h, arrays.n_bins * arrays.bin_h + 1)  # an instance at the very end reads only earlier bins
     times = np.arange(first, last, step, dtype=np.int64)
     if len(times) == 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
@@ -142,7 +146,7 @@ def build_samples(arrays: FleetArrays, gpu: np.ndarray, hour: np.ndarray, cfg: F
         rows = (g * arrays.n_bins + b)[:, None] + offsets[None, :]
         seq = np.take(flat, rows, axis=0)
         seqs.append(seq)
-        tabs.append(tabular_from_sequence(seq, arrays.channels, rb))
+        tabs.append(tabular_from_sequence(seq, arrays.channels, rb, arrays.bin_h))
     nf = len(feature_names(arrays.channels))
     tabular = np.concatenate(tabs) if tabs else np.zeros((0, nf), dtype=np.float32)
     sequence = np.concatenate(seqs) if seqs else np.zeros((0, wb, len(arrays.channels)), dtype=np.float32)

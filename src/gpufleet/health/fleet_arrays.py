@@ -9,6 +9,7 @@ the exporter): the counter is carried forward over the gap and a drop counts as 
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -102,9 +103,9 @@ def _dense(frame: pl.DataFrame, col: str, flat: np.ndarray, gpus: int, hours: in
 def _increments(level: np.ndarray) -> np.ndarray:
     """Hourly increments of a cumulative counter, carried over gaps; a drop is a restart from zero."""
     gappy = np.isnan(level).any(axis=1)
-    inc = np.diff(level, axis=1, prepend=np.float32(0))
-    np.maximum(inc, 0, out=inc)
-    drop = np.diff(level, axis=1, prepend=np.float32(0)) < 0
+    # the first reading is the baseline, not an increment: a real export starts at a lifetime total
+    inc = np.diff(level, axis=1, prepend=level[:, :1])
+    drop = inc < 0
     inc[drop] = level[drop]
     if gappy.any():
         inc[gappy] = _increments_with_gaps(level[gappy])
@@ -122,6 +123,8 @@ def _increments_with_gaps(level: np.ndarray) -> np.ndarray:
     dropped = inc < 0
     inc[dropped] = filled[dropped]
     inc[~valid] = 0.0
+    first = np.argmax(valid, axis=1)  # each row's first reading is its baseline
+    inc[np.arange(len(inc)), first] = 0.0
     return inc
 
 
@@ -151,15 +154,15 @@ def _node_relative(temp: np.ndarray, node: np.ndarray) -> np.ndarray:
     order = np.argsort(node, kind="stable")
     _, starts, counts = np.unique(node[order], return_index=True, return_counts=True)
     out = np.full_like(temp, np.nan)
-    if np.all(counts == counts[0]):
-        grouped = temp[order].reshape(len(counts), counts[0], -1)
-        with np.errstate(all="ignore"):
+    with warnings.catch_warnings():  # a bin where a whole node is down has no median: NaN is the answer
+        warnings.simplefilter("ignore", RuntimeWarning)
+        if np.all(counts == counts[0]):
+            grouped = temp[order].reshape(len(counts), counts[0], -1)
             med = np.nanmedian(grouped, axis=1, keepdims=True) if counts[0] > 1 else grouped
-        out[order] = (grouped - med).reshape(temp.shape)
-        return out
-    for s, c in zip(starts, counts, strict=True):
-        rows = order[s:s + c]
-        with np.errstate(all="ignore"):
+            out[order] = (grouped - med).reshape(temp.shape)
+            return out
+        for s, c in zip(starts, counts, strict=True):
+            rows = order[s:s + c]
             out[rows] = temp[rows] - np.nanmedian(temp[rows], axis=0, keepdims=True)
     return out
 

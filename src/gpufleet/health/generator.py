@@ -177,7 +177,7 @@ def _draw_episodes(cfg: FleetConfig, rng: np.random.Generator, failures: pl.Data
         mine = true.filter(pl.col("kind").map_elements(lambda k, s=sig: kinds[k].precursor == s,
                                                        return_dtype=pl.Boolean))
         median = np.array([kinds[k].median_lead_h for k in mine["kind"].to_list()], dtype=float)
-        lead = np.clip(rng.lognormal(np.log(np.maximum(median, 1.0)), 0.6), 6, 240).astype(np.int64)
+        lead = np.clip(rng.lognormal(np.log(np.maximum(median, 1.0)), 0.45), 6, 168).astype(np.int64)
         end = mine["hour"].to_numpy()
         parts.append(pl.DataFrame({
             "gpu": mine["gpu"], "start": end - lead, "end": end, "signature": [sig] * mine.height,
@@ -321,7 +321,9 @@ def _chunk(cfg: FleetConfig, plan: _Plan, g0: int, g1: int, rng: np.random.Gener
                 for k in np.nonzero(events)[0]:
                     pending[i, s + k:min(s + k + int(rng.integers(6, 48)), h)] = True
                 put_xid(np.full(events.sum(), i), s + np.nonzero(events)[0], facts.XID_REMAP_EVENT, 2)
-                contained = rng.random(e - s) < 0.015 * prof
+                # uncorrectable (contained) errors only on the way to a failure: a look-alike is a remap
+                # that succeeds, with correctable errors alone
+                contained = rng.random(e - s) < (0.015 * prof if ep["true"] else 0.0)
                 remap_u[i, span] += contained
                 dbe[i, span] += contained
                 put_xid(np.full(contained.sum(), i), s + np.nonzero(contained)[0], facts.XID_CONTAINED, 2)

@@ -5,8 +5,10 @@ predictor's alerts (``gpu``, ``node``, ``time_s``, ``score``) become one time-or
 on the simulated cluster (see ``docs/sim_failures.md``):
 
 - **Nodes.** The cluster's training nodes are numbered across its training pools in file order; fleet node
-  ``n`` lands on cluster training node ``n mod N`` (N = training nodes). A fleet larger than the cluster
-  folds onto it; a smaller one leaves some cluster nodes failure-free.
+  ``n`` is cluster training node ``n`` (N = training nodes); fleet nodes ``>= N`` are not part of the
+  cluster and their failures and alerts are dropped, so every node keeps the fleet's per-node failure
+  rate (folding a 20,000-GPU fleet onto 640 GPUs would multiply it by 31). A smaller fleet leaves some
+  cluster nodes failure-free.
 - **Time.** Fleet time 0 (its first telemetry sample) is aligned to the trace's first submission. The
   simulator stops at the last job's completion: failures and alerts after it are ignored.
 - **Failure.** The node goes down at once for ``repair_s``; the jobs on it are killed and restart from
@@ -116,7 +118,8 @@ class OutagePlan:
             frames.append(alert.with_columns(pl.lit(1, pl.Int8).alias("what")))
         items = (
             pl.concat(frames)
-            .with_columns((pl.col("node") % len(nodes)).alias("node"), (pl.col("time_s") + origin_s).alias("t"))
+            .filter(pl.col("node") < len(nodes))
+            .with_columns((pl.col("time_s") + origin_s).alias("t"))
             .sort(["node", "t", "what"])
         )
         out = _Builder(settings)

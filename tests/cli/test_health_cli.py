@@ -1,0 +1,105 @@
+"""`gpufleet health generate|evaluate|train|predict` in-process: JSON contracts, the report, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import polars as pl
+import pytest
+from typer.testing import CliRunner
+
+from gpufleet import cli
+from gpufleet.health.predictor import Predictor
+
+runner = CliRunner()
+SMALL = ["--window", "3d", "--horizon", "48h", "--budget", "0.02"]
+
+
+def invoke(*args: str):
+    res = runner.invoke(cli.app, list(args))
+    assert res.exit_code == 0, (res.output, res.exception)
+    return res
+
+
+def run_main(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
+    """Run ``gpufleet.cli.main`` (gpufleet errors -> one line, exit 2): (status, stdout, stderr)."""
+    monkeypatch.setattr(sys, "argv", ["gpufleet", *args])
+    with pytest.raises(SystemExit) as exc:
+        cli.main()
+    captured = capsys.readouterr()
+    return exc.value.code, captured.out, captured.err
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    path = tmp_path_factory.mktemp("health_cli") / "fleet.parquet"
+    invoke("health", "generate", "-o", str(path), "--gpus", "128", "--days", "30", "--seed", "4",
+           "--failure-scale", "80")
+    return path
+
+
+@pytest.fixture(scope="module")
+def model(fleet):
+    path = fleet.with_name("model.pkl")
+    invoke("health", "train", str(fleet), "-o", str(path), "--model", "gbdt", "--train-span", "10d", "--calibrate",
+           "5d", "--until", "20d", *SMALL)
+    return path
+
+
+def test_generate_writes_telemetry_and_truth(fleet):
+    frame = pl.read_parquet(fleet)
+    truth = pl.read_parquet(fleet.with_name("fleet.failures.parquet"))
+    assert frame.height == 128 * 30 * 24 and frame["gpu"].n_unique() == 128
+    assert truth.height > 0 and set(truth.columns) >= {"gpu", "hour", "kind", "xid"}
+
+
+def test_evaluate_json_and_report(fleet, tmp_path):
+    report = tmp_path / "eval.html"
+    res = invoke("health", "evaluate", str(fleet), "--models", "gbdt", "--json", "--train-span", "14d", "--sliding",
+                 "14d", "--report", str(report), *SMALL)
+    payload = json.loads(res.stdout)
+    assert set(payload) == {"failures", "models", "monthly"}
+    assert payload["failures"] > 0
+    assert [(m["model"], m["mode"]) for m in payload["models"]] == [("gbdt", "once"), ("gbdt", "sliding")]
+    for m in payload["models"]:
+        assert m["precision"] == pytest.approx(m["true_alerts"] / m["alerts"]) and 0 <= m["recall"] <= 1
+    assert {m["month"] for m in payload["monthly"]} <= {"2024-03", "2024-04"}
+    page = report.read_text()
+    assert page.lstrip().lower().startswith("<!doctype html") and "gbdt" in page and "sliding" in page
+
+
+def test_train_writes_a_loadable_model(model):
+    pred = Predictor.load(model)
+    assert pred.model_name == "gbdt" and pred.features.window_h == 72 and pred.budget == 0.02
+    assert pred.trained["end_hour"] == 20 * 24 and pred.trained["source"].endswith("fleet.parquet")
+
+
+def test_predict_json(model, fleet):
+    res = runner.invoke(cli.app, ["health", "predict", str(model), str(fleet), "--top", "5", "--json"])
+    assert res.exit_code == 0, (res.output, res.exception)
+    rows = json.loads(res.stdout)
+    assert [r["rank"] for r in rows] == [1, 2, 3, 4, 5]
+    assert [r["score"] for r in rows] == sorted((r["score"] for r in rows), reverse=True)
+    assert set(rows[0]) == {"rank", "gpu", "node", "time", "score", "probability", "alert"}
+
+
+def test_models_lists_builtins():
+    res = invoke("health", "models")
+    for name in ("gbdt", "parallel", "cascade"):
+        assert name in res.stdout
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["health", "evaluate", "{fleet}", "--window", "7x"], "--window: cannot read '7x' as a duration"),
+    (["health", "evaluate", "{missing}"], "no such telemetry file"),
+    (["health", "predict", "{missing}", "{fleet}"], "no such model file"),
+    (["health", "train", "{fleet}", "--model", "nope", "--window", "3d", "--train-span", "10d", "--calibrate",
+      "5d"], "unknown failure model 'nope'"),
+])
+def test_errors_are_one_line_exit_2(monkeypatch, capsys, fleet, tmp_path, args, needle):
+    args = [a.format(fleet=fleet, missing=tmp_path / "missing.parquet") for a in args]
+    code, _, err = run_main(monkeypatch, capsys, *args)
+    assert code == 2
+    assert needle in err and "Traceback" not in err
+    assert len([line for line in err.splitlines() if line.strip()]) == 1
