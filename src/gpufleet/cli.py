@@ -181,7 +181,9 @@ def simulate(
         help="Failure model (with --failures): also run each policy draining the nodes it flags, and compare.")
     ] = None,
     repair_hours: Annotated[float, typer.Option(help="Hours a failed node is out for repair.")] = 24.0,
-    drain_hours: Annotated[float, typer.Option(help="Hours a drained (flagged) node is out for inspection.")] = 12.0,
+    drain_hours: Annotated[float | None, typer.Option(
+        help="Hours a drained (flagged) node is out for inspection (default: the predictor's horizon, so that a "
+        "right alert's failure falls inside the drain).")] = None,
 ) -> None:
     """Replay a job trace on a cluster under scheduling policies and compare queueing, JCT and utilisation.
 
@@ -277,13 +279,15 @@ def simulate(
 
 
 def _run_with_failures(jobs: Any, spec: Any, policies: list[str], config: Any, opts: Any, fleet: Path,
-                       model: Path | None, repair_hours: float, drain_hours: float, workers: int, done: Any,
+                       model: Path | None, repair_hours: float, drain_hours: float | None, workers: int, done: Any,
                        quiet: bool) -> list:
     """Each policy with the fleet's failures injected, and with the predictor's drains when ``model`` is set."""
-    from gpufleet.health.api import failure_events, predicted_alerts
+    from gpufleet.health.api import failure_events, predicted_alerts, predictor_horizon_h
     from gpufleet.sim.failure_run import run_failure_study
     from gpufleet.sim.failures import OutageSettings
 
+    if drain_hours is None:
+        drain_hours = predictor_horizon_h(model) if model is not None else 12.0
     if repair_hours <= 0 or drain_hours <= 0:
         raise typer.BadParameter("--repair-hours and --drain-hours must be positive")
     fails = failure_events(fleet)

@@ -49,3 +49,10 @@ def predicted_alerts(model: str | Path, fleet: str | Path) -> pl.DataFrame:
     alerts = rolling_alerts(predictor, arrays, start_h=start_h)
     return alerts.select(pl.col("gpu").cast(pl.UInt32), pl.col("node").cast(pl.UInt32),
                          time_s=pl.col("hour").cast(pl.Float64) * 3600.0, score=pl.col("score").cast(pl.Float64))
+
+
+def predictor_horizon_h(model: str | Path) -> float:
+    """The prediction horizon (hours) of a saved predictor: how long ahead its alerts look."""
+    from gpufleet.health.predictor import Predictor
+
+    return float(Predictor.load(model).features.horizon_h)

@@ -54,6 +54,7 @@ class EvalResult:
     alerts: pl.DataFrame  # model, mode, gpu, hour, score, true, lead_h
     failures: int  # failures in the test span
     timings: dict[str, float]
+    scores: pl.DataFrame | None = None  # with keep_scores: mode, gpu, hour, y, lead_h and one column per model
 
 
 def _needed_models(models: Sequence[str], cfg: EvalConfig) -> list[str]:
@@ -74,7 +75,7 @@ def _make(name: str, cfg: EvalConfig) -> FailureModel:
 
 def evaluate(arrays: FleetArrays, models: Sequence[str], cfg: EvalConfig | None = None,
              modes: Sequence[str] = ("once", "sliding"),
-             progress: Callable[[str], None] | None = None) -> EvalResult:
+             progress: Callable[[str], None] | None = None, keep_scores: bool = False) -> EvalResult:
     """Fit and score ``models`` (single and ensemble names) in each mode; see the module docstring."""
     cfg = cfg or EvalConfig()
     known = set(model_names())
@@ -122,6 +123,7 @@ def evaluate(arrays: FleetArrays, models: Sequence[str], cfg: EvalConfig | None 
         return fitted
 
     rows: list[pl.DataFrame] = []
+    kept: list[pl.DataFrame] = []
     once = fit_all(0, train_h, f"days 0-{train_h / 24:g}") if "once" in modes else None
     for p_start, p_end in periods:
         t0 = time.perf_counter()
@@ -146,6 +148,10 @@ def evaluate(arrays: FleetArrays, models: Sequence[str], cfg: EvalConfig | None 
                 t0 = time.perf_counter()
                 scores["cascade"] = fitted["cascade"].combine(test, scores["cnn1d"])
                 timings["score cascade"] = timings.get("score cascade", 0.0) + time.perf_counter() - t0
+            if keep_scores:
+                kept.append(pl.DataFrame({"mode": [mode] * len(test), "gpu": test.gpu.astype(np.int64),
+                                          "hour": test.time, "y": test.y, "lead_h": test.lead_h,
+                                          **{k: v.astype(np.float32) for k, v in scores.items()}}))
             for name in models:
                 hit = top_k_per_round(test.time, scores[name], cfg.budget)
                 idx = np.flatnonzero(hit)
@@ -160,7 +166,8 @@ def evaluate(arrays: FleetArrays, models: Sequence[str], cfg: EvalConfig | None 
     in_span = (arrays.failure_hour >= test_start) & (arrays.failure_hour < test_end)
     n_fail = int(in_span.sum())
     table, monthly = _metrics(alerts, models, modes, n_fail, arrays, test_start, test_end)
-    return EvalResult(table=table, monthly=monthly, alerts=alerts, failures=n_fail, timings=timings)
+    return EvalResult(table=table, monthly=monthly, alerts=alerts, failures=n_fail, timings=timings,
+                      scores=pl.concat(kept) if kept else None)
 
 
 def _metrics(alerts: pl.DataFrame, models: Sequence[str], modes: Sequence[str], n_fail: int,
