@@ -148,3 +148,13 @@ def test_predicted_alerts_start_after_training_on_the_same_file(fleet, tmp_path)
     # the alerts after the training end are the same rounds either way
     late = alerts_other.filter(pl.col("time_s") >= TRAIN_END_H * 3600)
     assert sorted(late.select("gpu", "time_s").rows()) == sorted(alerts.select("gpu", "time_s").rows())
+
+
+def test_predictor_horizon_is_what_simulate_drains_for(fleet, tmp_path):
+    from gpufleet.health.api import predictor_horizon_h
+
+    _, _, pred, _ = fleet
+    path = pred.save(tmp_path / "model.pkl")
+    assert predictor_horizon_h(path) == float(FC.horizon_h)
+    with pytest.raises(HealthError):
+        predictor_horizon_h(tmp_path / "missing.pkl")
