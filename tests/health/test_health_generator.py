@@ -118,7 +118,15 @@ def test_published_failure_rate_and_mix():
         assert set(drawn.filter(pl.col("kind") == k.name)["xid"].unique().to_list()) <= set(k.xids)
         # precursor share per kind
         with_pre = drawn.filter(pl.col("kind") == k.name)["precursor"].sum()
-        assert abs(with_pre - k.precursor_prob * n) <= 4 * math.sqrt(n * k.precursor_prob * (1 - k.precursor_prob)) + 1
+        prob = k.precursor_prob
+        if k.name == "gsp":  # after the driver roll-out GSP failures are more frequent and mostly announced
+            up = facts.DRIVER_UPGRADE_DAY * 24
+            w_after = facts.GSP_AFTER_UPGRADE_FACTOR * (cfg.hours - up)
+            prob = (up * k.precursor_prob + w_after * facts.GSP_PRECURSOR_AFTER) / (up + w_after)
+            gsp_hours = drawn.filter(pl.col("kind") == "gsp")["hour"].to_numpy()
+            share_after = w_after / (up + w_after)
+            assert abs((gsp_hours >= up).mean() - share_after) < 4 * math.sqrt(share_after * (1 - share_after) / n)
+        assert abs(with_pre - prob * n) <= 4 * math.sqrt(n * prob * (1 - prob)) + 1, k.name
     # no two kept failures of one GPU overlap a repair window
     g, h, r = (drawn[c].to_numpy() for c in ("gpu", "hour", "repair_h"))
     same = g[1:] == g[:-1]

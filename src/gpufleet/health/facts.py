@@ -65,6 +65,13 @@ DRIVER_UPGRADE_DAY = 58.0
 DRIVER_ROLLOUT_DAYS = 6.0
 XID92_SBE_PER_HOUR_OLD = 12
 XID92_SBE_PER_HOUR_NEW = 3
+#: The new driver's GSP firmware times out more often, and its timeouts come after a run of app-class XIDs:
+#: GSP failures (XID 119/120) become GSP_AFTER_UPGRADE_FACTOR times as frequent after the roll-out (the
+#: kind's total over the fleet's span stays at its published share) and GSP_PRECURSOR_AFTER of them show the
+#: precursor. A new failure pattern that a model trained before the roll-out never saw (assumption; NCSA
+#: Delta found the GSP the most vulnerable H100 component, Cui et al. arXiv 2503.11901).
+GSP_AFTER_UPGRADE_FACTOR = 6.0
+GSP_PRECURSOR_AFTER = 0.8
 #: Inlet air warms from spring to summer (the default fleet starts on 1 March): +5 °C over 120 days.
 SEASONAL_WARMING_C_PER_DAY = 5.0 / 120.0
 #: A maintenance on this day reseats cables on a share of racks badly: their GPUs' benign PCIe replay

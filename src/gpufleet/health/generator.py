@@ -147,8 +147,14 @@ def _draw_failures(cfg: FleetConfig, rng: np.random.Generator, weak: np.ndarray)
         else:
             gpus = rng.integers(0, g, n)
             hours = rng.random(n) * h
-        xids = rng.choice(np.array(kind.xids), size=n)
         has = rng.random(n) < kind.precursor_prob
+        if kind.name == "gsp":  # the driver roll-out brings more GSP failures, most with a visible precursor
+            up = min(facts.DRIVER_UPGRADE_DAY * 24, h)
+            w_after = facts.GSP_AFTER_UPGRADE_FACTOR * (h - up)
+            after = rng.random(n) < w_after / (up + w_after)
+            hours = np.where(after, up + rng.random(n) * (h - up), rng.random(n) * up)
+            has = rng.random(n) < np.where(after, facts.GSP_PRECURSOR_AFTER, kind.precursor_prob)
+        xids = rng.choice(np.array(kind.xids), size=n)
         rows += [(int(a), int(b), kind.name, int(c), bool(d))
                  for a, b, c, d in zip(gpus, hours, xids, has, strict=True)]
     frame = pl.DataFrame(rows, schema={"gpu": pl.UInt32, "hour": pl.Int64, "kind": pl.Utf8, "xid": pl.Int64,
