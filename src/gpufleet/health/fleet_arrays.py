@@ -76,12 +76,41 @@ class FleetArrays:
         return self.channels.index(name)
 
 
-def _hour_grid(frame: pl.DataFrame) -> tuple[np.ndarray, int, int, datetime]:
+class _Columns:
+    """Columns of a frame, or of a Parquet file read one column at a time (a 20,000-GPU fleet's full frame
+    would take several GB; one column at a time takes a few hundred MB)."""
+
+    def __init__(self, source: pl.DataFrame | Path) -> None:
+        self.frame = source if isinstance(source, pl.DataFrame) else None
+        self._keys: dict[str, pl.Series] = {}
+        self.path = None if isinstance(source, pl.DataFrame) else source
+        self.names = set(self.frame.columns) if self.frame is not None else set(pl.read_parquet_schema(source))
+        self.height = self.frame.height if self.frame is not None else pl.scan_parquet(source).select(
+            pl.len()).collect().item()
+
+    def __contains__(self, col: str) -> bool:
+        return col in self.names
+
+    def __getitem__(self, col: str) -> pl.Series:
+        if self.frame is not None:
+            return self.frame[col]
+        if col in self._keys:
+            return self._keys[col]
+        series = pl.read_parquet(self.path, columns=[col]).to_series()
+        if col in ("gpu", "node", "time"):  # read more than once
+            self._keys[col] = series
+        return series
+
+    def is_empty(self) -> bool:
+        return self.height == 0
+
+
+def _hour_grid(frame: _Columns) -> tuple[np.ndarray, int, int, datetime]:
     """Flat (gpu, hour) positions of the rows on the dense grid, the grid's size, and its start."""
     if frame.is_empty():
         raise HealthError("telemetry is empty: no rows to build features from")
     for col in ("gpu", "time"):
-        if col not in frame.columns:
+        if col not in frame:
             raise HealthError(f"telemetry lacks the '{col}' column; read exports with gpufleet.health.readers")
     start = frame["time"].min().replace(minute=0, second=0, microsecond=0)
     hour = ((frame["time"].dt.epoch("ms") - int(start.timestamp() * 1000)) // 3_600_000).to_numpy()
@@ -90,11 +119,11 @@ def _hour_grid(frame: pl.DataFrame) -> tuple[np.ndarray, int, int, datetime]:
     return gpu * hours + hour, gpus, hours, start
 
 
-def _dense(frame: pl.DataFrame, col: str, flat: np.ndarray, gpus: int, hours: int, dtype=np.float32) -> np.ndarray:
+def _dense(frame: _Columns, col: str, flat: np.ndarray, gpus: int, hours: int, dtype=np.float32) -> np.ndarray:
     """One column on the dense (gpus, hours) grid; NaN (or 0 for codes) where a GPU has no row."""
     fill = np.nan if np.issubdtype(dtype, np.floating) else 0
     out = np.full(gpus * hours, fill, dtype=dtype)
-    if col in frame.columns:
+    if col in frame:
         values = frame[col]
         out[flat] = values.fill_null(fill if fill == 0 else float("nan")).to_numpy().astype(dtype, copy=False)
     return out.reshape(gpus, hours)
@@ -173,45 +202,39 @@ def build_arrays(source: pl.DataFrame | str | Path, bin_h: int = 6) -> FleetArra
         path = Path(source)
         if not path.exists():
             raise HealthError(f"{path}: no such telemetry file")
-        wanted = ["gpu", "node", "time", *GAUGES.values(), *COUNTERS.values(), REASONS, XID]
-        have = pl.read_parquet_schema(path)
-        frame = pl.read_parquet(path, columns=[c for c in wanted if c in have])
+        frame = _Columns(path)
     else:
-        frame = source
+        frame = _Columns(source)
     flat, gpus, hours, start = _hour_grid(frame)
     if hours < bin_h:
         raise HealthError(f"telemetry spans {hours} h, shorter than one {bin_h}-hour bin")
     node = np.zeros(gpus, dtype=np.int64)
     gpu_col = frame["gpu"].cast(pl.Int64).to_numpy()
-    node[gpu_col] = frame["node"].cast(pl.Int64).to_numpy() if "node" in frame.columns else gpu_col
+    node[gpu_col] = frame["node"].cast(pl.Int64).to_numpy() if "node" in frame else gpu_col
     nb = hours // bin_h
     bins = np.full((gpus, nb, len(CHANNELS)), np.nan, dtype=np.float32)
     ch = {name: i for i, name in enumerate(CHANNELS)}
 
-    present = np.zeros(gpus * hours, dtype=np.float32)
-    present[flat] = 1.0
-    any_field = np.zeros(gpus * hours, dtype=bool)
-    for col in (*GAUGES.values(), *COUNTERS.values()):
-        if col in frame.columns:
-            any_field[flat] |= frame[col].is_not_null().to_numpy()
-    alive = (present.astype(bool) & any_field).reshape(gpus, hours)
-    bins[:, :, ch["alive_h"]] = _bin_reduce(alive.astype(np.float32), bin_h, "sum")
-    alive_end = alive[:, bin_h - 1:nb * bin_h:bin_h]
-
+    alive = np.zeros((gpus, hours), dtype=bool)  # a GPU is up in an hour where it reported any field
     for name, col in GAUGES.items():
         x = _dense(frame, col, flat, gpus, hours)
+        alive |= ~np.isnan(x)
         bins[:, :, ch[name]] = _bin_reduce(x, bin_h, "mean")
         if name == "temp":
             bins[:, :, ch["temp_max"]] = _bin_reduce(x, bin_h, "max")
     bins[:, :, ch["temp_vs_node"]] = _node_relative(bins[:, :, ch["temp"]], node)
     for name, col in COUNTERS.items():
         level = _dense(frame, col, flat, gpus, hours)
+        alive |= ~np.isnan(level)
         inc = _increments(level)
         if name.endswith("_viol_s"):
             inc *= _VIOLATION_NS_TO_S
         bins[:, :, ch[name]] = _bin_reduce(inc, bin_h, "sum")
         if name in LEVELS:
             bins[:, :, ch[f"{name}_level"]] = _bin_reduce(level, bin_h, "last")
+    bins[:, :, ch["alive_h"]] = _bin_reduce(alive.astype(np.float32), bin_h, "sum")
+    alive_end = alive[:, bin_h - 1:nb * bin_h:bin_h]
+    del alive
     reasons = _dense(frame, REASONS, flat, gpus, hours, dtype=np.int64)
     bins[:, :, ch["hw_throttle_h"]] = _bin_reduce(((reasons & _HW_BITS) != 0).astype(np.float32), bin_h, "sum")
     bins[:, :, ch["sw_thermal_h"]] = _bin_reduce(((reasons & _SW_THERMAL) != 0).astype(np.float32), bin_h, "sum")
