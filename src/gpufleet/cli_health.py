@@ -106,12 +106,12 @@ def import_(
         help="Kernel log (dmesg, kern.log, journalctl) whose 'NVRM: Xid' lines are merged; repeatable.")] = None,
 ) -> None:
     """Read real telemetry exports into the canonical hourly Parquet that train / evaluate / predict read."""
-    from gpufleet.health import readers
+    from gpufleet.health import hourly, readers
     from gpufleet.health import xid as xid_mod
 
     read = readers.read_telemetry(source, reader=reader,
                                   columns=readers.parse_column_map(columns) if columns else None)
-    frame = readers.resample_hourly(read.frame)
+    frame = hourly.resample_hourly(read.frame)
     if read.malformed:
         err.print(f"[yellow]warning:[/] {read.malformed:,} malformed lines skipped, e.g. "
                   + "; ".join(read.malformed_examples[:3]))
@@ -123,7 +123,7 @@ def import_(
         if parsed.malformed:
             err.print(f"[yellow]warning:[/] {log}: {parsed.malformed:,} unreadable Xid lines, e.g. "
                       + "; ".join(parsed.malformed_examples[:3]))
-        frame = readers.merge_xid_events(frame, parsed.events)
+        frame = hourly.merge_xid_events(frame, parsed.events)
         err.print(f"{log}: {parsed.events.height:,} XID events merged")
     out_path.parent.mkdir(parents=True, exist_ok=True)
     frame.write_parquet(out_path)

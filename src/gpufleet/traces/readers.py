@@ -10,13 +10,14 @@ import csv
 import gzip
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
-from typing import ClassVar, TypeVar
+from typing import ClassVar
 
 import polars as pl
 
 from gpufleet.errors import TraceError
+from gpufleet.registry import Registry
 from gpufleet.traces.canonical import ParsedTable, parse_table
 from gpufleet.traces.columns import resolve_columns
 from gpufleet.traces.schema import ORIGIN_KEY, origin_from_metadata
@@ -37,34 +38,10 @@ class TraceReader(ABC):
         """Read ``path``; ``columns`` maps canonical keys to source columns (None = auto-detect)."""
 
 
-READERS: dict[str, type[TraceReader]] = {}
-R = TypeVar("R", bound=type[TraceReader])
-
-
-def register_reader(name: str) -> Callable[[R], R]:
-    """Class decorator: make a reader available under ``name``."""
-
-    def decorate(cls: R) -> R:
-        cls.name = name
-        READERS[name] = cls
-        return cls
-
-    return decorate
-
-
-def reader_names() -> list[str]:
-    """Names of all registered readers, sorted."""
-    return sorted(READERS)
-
-
-def get_reader(name: str) -> TraceReader:
-    """An instance of the reader registered as ``name``; TraceError listing the names otherwise."""
-    try:
-        return READERS[name]()
-    except KeyError:
-        raise TraceError(
-            f"unknown trace reader '{name}'; available readers: {', '.join(reader_names())}"
-        ) from None
+READERS: Registry[TraceReader] = Registry("trace reader", TraceError, listing="available readers")
+register_reader = READERS.register  # class decorator: ``@register_reader("name")``
+reader_names = READERS.names  # the registered names, sorted
+get_reader = READERS.create  # a new reader by name; TraceError listing the names for an unknown one
 
 
 def _first_ragged_line(path: Path, width: int) -> int | None:

@@ -12,7 +12,9 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from gpufleet.errors import ConfigError
 from gpufleet.health.samples import Samples
+from gpufleet.registry import Registry
 
 
 @runtime_checkable
@@ -26,7 +28,9 @@ class FailureModel(Protocol):
     def score(self, samples: Samples) -> np.ndarray: ...
 
 
-_REGISTRY: dict[str, Callable[..., FailureModel]] = {}
+_REGISTRY: Registry[FailureModel] = Registry(
+    "failure model", ConfigError, listing="known", empty="none (install gpufleet[health])", set_name=False
+)
 _HELP: dict[str, str] = {}
 
 
@@ -34,7 +38,7 @@ def register_model(name: str, help: str = "") -> Callable[[Callable[..., Failure
     """Class decorator: make the model constructible as ``make_model(name, **options)``."""
 
     def deco(factory: Callable[..., FailureModel]) -> Callable[..., FailureModel]:
-        _REGISTRY[name] = factory
+        _REGISTRY.register(name)(factory)
         _HELP[name] = help or (factory.__doc__ or "").strip().splitlines()[0]
         return factory
 
@@ -63,9 +67,4 @@ def model_names() -> dict[str, str]:
 def make_model(name: str, **options: Any) -> FailureModel:
     """A new, unfitted model by registered name."""
     _load_builtin()
-    if name not in _REGISTRY:
-        from gpufleet.errors import ConfigError
-
-        known = ", ".join(sorted(_REGISTRY)) or "none (install gpufleet[health])"
-        raise ConfigError(f"unknown failure model '{name}'; known: {known}")
-    return _REGISTRY[name](**options)
+    return _REGISTRY.create(name, **options)
