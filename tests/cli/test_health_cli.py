@@ -103,3 +103,32 @@ def test_errors_are_one_line_exit_2(monkeypatch, capsys, fleet, tmp_path, args, 
     assert code == 2
     assert needle in err and "Traceback" not in err
     assert len([line for line in err.splitlines() if line.strip()]) == 1
+
+
+_LABELS = 'UUID="GPU-{u}",pci_bus_id="00000000:{bus}:00.0",device="nvidia{g}",Hostname="node-1"'
+
+
+def test_import_reads_scrapes_and_merges_kernel_xids(tmp_path):
+    """A dcgm-exporter scrape with a broken line plus a kern.log bus drop -> the canonical hourly Parquet."""
+    t0, t1 = 1714996800000, 1715000400000  # 2024-05-06 12:00 and 13:00 UTC
+    a = _LABELS.format(u="aaa", bus="3B", g=0)
+    b = _LABELS.format(u="bbb", bus="5E", g=1)
+    (tmp_path / "s.prom").write_text("\n".join([
+        "# TYPE DCGM_FI_DEV_GPU_TEMP gauge",
+        f'DCGM_FI_DEV_GPU_TEMP{{gpu="0",{a}}} 41 {t0}',
+        f'DCGM_FI_DEV_GPU_TEMP{{gpu="1",{b}}} 44 {t0}',
+        f'DCGM_FI_DEV_ECC_SBE_VOL_TOTAL{{gpu="0",{a}}} 3 {t0}',
+        f'DCGM_FI_DEV_GPU_TEMP{{gpu="0",{a}}} 43 {t1}',
+        'DCGM_FI_DEV_GPU_TEMP{gpu="1" broken',
+    ]) + "\n")
+    (tmp_path / "kern.log").write_text("2024-05-06T12:30:02.123456+00:00 node-1 kernel: NVRM: Xid "
+                                       "(PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus.\n")
+    out = tmp_path / "t.parquet"
+    res = invoke("health", "import", str(tmp_path / "s.prom"), "--xid", str(tmp_path / "kern.log"), "-o", str(out))
+    said = " ".join(res.output.split())  # rich wraps long paths
+    assert "1 malformed lines skipped" in said and "1 XID events merged" in said
+    frame = pl.read_parquet(out).sort("uuid", "time")
+    assert frame["uuid"].to_list() == ["GPU-aaa", "GPU-aaa", "GPU-bbb"]
+    assert frame["DCGM_FI_DEV_GPU_TEMP"].to_list() == [41.0, 43.0, 44.0]
+    # the bus drop lands on GPU-aaa (PCI 3b) in the 12:00 hour, nowhere else
+    assert frame["DCGM_FI_DEV_XID_ERRORS"].to_list() == [79, 0, 0]
