@@ -151,3 +151,55 @@ def test_cascade_reuses_a_fitted_filter_and_checks_arguments():
         CascadeEnsemble(filter=Column(0), classifier=Column(1), keep=1.0)
     with pytest.raises(ValueError, match="labelled"):
         CascadeEnsemble(filter=Column(0), classifier=Column(1)).fit(_samples(np.zeros((3, 2))))
+
+
+# -------------------------------------------------------------------------------------------- operating point
+def test_operating_point_is_the_lowest_threshold_reaching_the_target():
+    from gpufleet.health.models.ensembles import operating_point
+
+    scores = np.array([5.0, 4.0, 3.0, 2.0, 1.0])
+    y = np.array([1, 1, 0, 1, 0])
+    # alerts at or above: 5 -> 1/1, 4 -> 2/2, 3 -> 2/3, 2 -> 3/4, 1 -> 3/5 (three right alerts needed)
+    assert operating_point(scores, y, 0.6) == 1.0
+    assert operating_point(scores, y, 0.7) == 2.0
+    # negatives counted twice (sampled at 50 %): 2 -> 3/5, 1 -> 3/7
+    assert operating_point(scores, y, 0.6, negative_weight=2.0) == 2.0
+    # unreachable target: the best precision with three right alerts (3/4 at 2.0)
+    assert operating_point(scores, y, 0.9) == 2.0
+    # fewer than three right alerts: nothing qualifies
+    assert operating_point(scores, np.array([1, 0, 0, 0, 1]), 0.5) == float("inf")
+    # tied scores are alerted together: the threshold never splits a tie
+    tied = np.array([3.0, 3.0, 3.0, 3.0, 1.0])
+    # (3/4 at 3.0 and 3/5 at 1.0: 0.8 is out of reach, so the best, 3.0; 0.7 is reached at 3.0 only)
+    assert operating_point(tied, np.array([1, 1, 1, 0, 0]), 0.8) == 3.0
+    assert operating_point(tied, np.array([1, 1, 1, 0, 0]), 0.7) == 3.0
+    assert operating_point(tied, np.array([1, 1, 1, 0, 0]), 0.6) == 1.0
+
+
+def test_cascade_classifies_above_the_operating_point_of_its_newest_data():
+    # 400 instances over times 0..399; the filter passes everything with column 0 >= 0; the classifier's
+    # score (column 1) is right above 10 on the newest fifth, where the operating point is chosen
+    rng = np.random.default_rng(0)
+    n = 400
+    time = np.arange(n, dtype=np.int64)
+    clf_score = rng.uniform(0, 20, n).astype(np.float32).astype(np.float64)  # what the fake returns
+    y = (clf_score > 10).astype(np.int8)
+    y[rng.choice(n, 40, replace=False)] ^= 1  # some label noise
+    tab = np.stack([np.ones(n), clf_score], axis=1)
+    data = _samples(tab, time=time, y=y)
+    filt, clf = Column(0), Column(1)
+    casc = CascadeEnsemble(filter=filt, classifier=clf, keep=0.5, target_precision=0.8).fit(data)
+    # fit on the older 80 % only, the threshold from the newest 20 %
+    assert set(clf.fitted_on[0].tolist()) == set(np.flatnonzero(time < np.quantile(time, 0.8)).tolist())
+    new = time >= np.quantile(time, 0.8)
+    s, yy = clf_score[new], y[new]
+    order = np.argsort(-s)
+    prec = np.cumsum(yy[order]) / np.arange(1, len(order) + 1)
+    lowest_ok = s[order][np.flatnonzero((prec >= 0.8) & (np.cumsum(yy[order]) >= 3))[-1]]
+    assert casc.threshold == pytest.approx(lowest_ok)
+    out = casc.score(data)
+    assert np.all(np.isneginf(out[clf_score < casc.threshold]))
+    np.testing.assert_array_equal(out[clf_score >= casc.threshold], clf_score[clf_score >= casc.threshold])
+    # ranking instead of classifying when asked
+    ranked = CascadeEnsemble(filter=Column(0), classifier=Column(1), keep=0.5, target_precision=None).fit(data)
+    assert ranked.threshold == -np.inf and np.isfinite(ranked.score(data)).all()

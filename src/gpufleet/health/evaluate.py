@@ -115,7 +115,8 @@ def evaluate(arrays: FleetArrays, models: Sequence[str], cfg: EvalConfig | None 
             timings[f"fit {name}"] = timings.get(f"fit {name}", 0.0) + time.perf_counter() - t0
         if "cascade" in models:
             t0 = time.perf_counter()
-            casc = CascadeEnsemble(filter=fitted["cnn1d"], classifier=_make("mlp", cfg), keep=cfg.cascade_keep)
+            casc = CascadeEnsemble(filter=fitted["cnn1d"], classifier=_make("mlp", cfg), keep=cfg.cascade_keep,
+                                   negative_rate=cfg.negative_rate, seed=cfg.seed)
             fitted["cascade"] = casc.with_fitted_filter(fitted["cnn1d"]).fit(train)
             timings["fit cascade"] = timings.get("fit cascade", 0.0) + time.perf_counter() - t0
         cache.clear()

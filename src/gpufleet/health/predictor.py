@@ -73,12 +73,13 @@ class Predictor:
         return np.asarray(self.model.score(samples), dtype=np.float64)
 
 
-def _fit(name: str, train: Any, budget: float, seed: int, torch_options: dict) -> FailureModel:
+def _fit(name: str, train: Any, budget: float, seed: int, torch_options: dict,
+         negative_rate: float = 1.0) -> FailureModel:
     opts = dict(torch_options) if name in ("mlp", "lstm", "cnn1d") else {}
     if name == "parallel":
         return ParallelEnsemble(budget=budget, seed=seed).fit(train)
     if name == "cascade":
-        return CascadeEnsemble(seed=seed).fit(train)
+        return CascadeEnsemble(seed=seed, negative_rate=negative_rate).fit(train)
     return make_model(name, seed=seed, **opts).fit(train)
 
 
@@ -102,13 +103,13 @@ def train_predictor(arrays: FleetArrays, model: str = "gbdt", features: FeatureC
     if cal_h:
         cal_start = end - fc.horizon_h - cal_h
         early = _fit(model, training_samples(arrays, fc, cal_start - train_h, cal_start, negative_rate, seed),
-                     budget, seed, torch_options)
+                     budget, seed, torch_options, negative_rate)
         gpu, hour = candidate_instances(arrays, fc, cal_start, end - fc.horizon_h, every_h=24)
         held = build_samples(arrays, gpu, hour, fc)
         s = np.asarray(early.score(held), dtype=np.float64)
         calibration = _isotonic(s, held.y)
     train = training_samples(arrays, fc, end - train_h, end, negative_rate, seed)
-    fitted = _fit(model, train, budget, seed, torch_options)
+    fitted = _fit(model, train, budget, seed, torch_options, negative_rate)
     start = arrays.start
     return Predictor(
         model=fitted, model_name=model, features=fc, bin_h=arrays.bin_h, budget=budget, calibration=calibration,

@@ -3,8 +3,10 @@
 - **Parallel**: every member ranks the GPUs of a prediction round; an alert needs all members to put the
   GPU in their top-K. The intersection is smaller than K: precision rises, recall falls.
 - **Cascade**: a 1D-CNN filters out the instances it finds healthy (a score below what it gives all but the
-  top ``keep`` share of healthy training instances); an MLP trained only on what passes the filter ranks
-  the rest. The MLP specialises in the hard cases the filter could not clear.
+  top ``keep`` share of healthy training instances); an MLP trained only on what passes the filter
+  classifies the rest: it alerts above the score at which the newest part of its training window reached
+  a target precision (0.5: "more likely failing than not"). The MLP specialises in the hard cases the
+  filter could not clear.
 
 Scores of instances an ensemble does not alert on are ``-inf``; top-K alerting then raises fewer than K
 alerts, which is the point.
@@ -94,13 +96,24 @@ class CascadeEnsemble:
     name = "cascade"
 
     def __init__(self, filter: str | FailureModel = "cnn1d", classifier: str | FailureModel = "mlp",
-                 keep: float = 0.03, seed: int = 0) -> None:
+                 keep: float = 0.03, target_precision: float | None = 0.5, holdout: float = 0.2,
+                 negative_rate: float = 1.0, seed: int = 0) -> None:
         self.filter = make_model(filter, seed=seed) if isinstance(filter, str) else filter
         self.classifier = make_model(classifier, seed=seed) if isinstance(classifier, str) else classifier
         if not 0 < keep < 1:
             raise ValueError(f"cascade keep={keep} must be a share in (0, 1)")
+        if target_precision is not None and not 0 < target_precision < 1:
+            raise ValueError(f"cascade target_precision={target_precision} must be in (0, 1) or None")
         self.keep = keep
+        #: the classifier *classifies* (the paper's cascade): it alerts only above the score at which the
+        #: newest ``holdout`` share of the training window reached ``target_precision``; None ranks instead
+        self.target_precision = target_precision
+        self.holdout = holdout
+        #: the share of healthy instances kept in training samples: held-out negatives count 1/negative_rate
+        #: times when precision is estimated, as they would in the field
+        self.negative_rate = negative_rate
         self.cutoff: float | None = None
+        self.threshold = -np.inf
         self._filter_fitted = False
 
     def with_fitted_filter(self, model: FailureModel) -> CascadeEnsemble:
@@ -119,7 +132,21 @@ class CascadeEnsemble:
         passed = s >= self.cutoff
         if samples.y[passed].sum() == 0:
             passed = s >= np.min(s[samples.y == 1])  # never train the classifier without a positive
-        self.classifier.fit(samples.take(np.flatnonzero(passed)))
+        chosen = samples.take(np.flatnonzero(passed))
+        self.threshold = -np.inf
+        if self.target_precision is None:
+            self.classifier.fit(chosen)
+            return self
+        # fit on the older part, pick the operating point on the newest part (never on what it was fit on)
+        split = np.quantile(chosen.time, 1 - self.holdout)
+        old, new = chosen.time < split, chosen.time >= split
+        if chosen.y[old].sum() == 0 or chosen.y[new].sum() < 3:  # too few failures to choose: rank instead
+            self.classifier.fit(chosen)
+            return self
+        self.classifier.fit(chosen.take(np.flatnonzero(old)))
+        held = chosen.take(np.flatnonzero(new))
+        self.threshold = operating_point(self.classifier.score(held), held.y, self.target_precision,
+                                         negative_weight=1.0 / self.negative_rate)
         return self
 
     def score(self, samples: Samples) -> np.ndarray:
@@ -132,5 +159,26 @@ class CascadeEnsemble:
         out = np.full(len(samples), -np.inf)
         passed = np.flatnonzero(filter_scores >= self.cutoff)
         if len(passed):
-            out[passed] = self.classifier.score(samples.take(passed))
+            scores = np.asarray(self.classifier.score(samples.take(passed)), dtype=np.float64)
+            out[passed] = np.where(scores >= self.threshold, scores, -np.inf)
         return out
+
+
+def operating_point(scores: np.ndarray, y: np.ndarray, target: float, negative_weight: float = 1.0) -> float:
+    """The lowest score threshold whose alerts (scores at or above it) reach ``target`` precision, with each
+    negative counted ``negative_weight`` times (undoing negative sampling). When no threshold reaches the
+    target, the one with the best precision over at least three right alerts; +inf if there is none."""
+    order = np.argsort(-scores, kind="stable")
+    s, right = scores[order], y[order].astype(np.float64)
+    tp = np.cumsum(right)
+    fp = np.cumsum((1 - right) * negative_weight)
+    # thresholds sit where the next score differs, so tied scores are alerted together
+    last = np.r_[s[1:] != s[:-1], True]
+    precision = np.where(last, tp / np.maximum(tp + fp, 1e-12), -1.0)
+    ok = np.flatnonzero((precision >= target) & (tp >= 3))
+    if len(ok):
+        return float(s[ok[-1]])
+    usable = np.flatnonzero((tp >= 3) & last)
+    if len(usable) == 0:
+        return float("inf")
+    return float(s[usable[np.argmax(precision[usable])]])
