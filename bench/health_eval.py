@@ -23,18 +23,10 @@ from rich.console import Console
 from rich.table import Table
 
 from gpufleet.health.evaluate import EvalConfig, evaluate
-from gpufleet.health.fleet_arrays import FleetArrays, build_arrays
+from gpufleet.health.fleet_arrays import build_arrays
 from gpufleet.health.generator import FleetConfig, generate_fleet
 
 console = Console(width=160)
-
-
-def subset(arrays: FleetArrays, gpus: int) -> FleetArrays:
-    """The first ``gpus`` GPUs of the fleet (whole nodes), with their failures."""
-    keep = arrays.failure_gpu < gpus
-    return replace(arrays, bins=arrays.bins[:gpus], alive_end=arrays.alive_end[:gpus], node=arrays.node[:gpus],
-                   failure_gpu=arrays.failure_gpu[keep], failure_hour=arrays.failure_hour[keep],
-                   failure_xid=arrays.failure_xid[keep])
 
 
 def main() -> None:
@@ -68,7 +60,7 @@ def main() -> None:
     lstm_note = ""
     if args.lstm_gpus:
         t0 = time.perf_counter()
-        part = subset(arrays, min(args.lstm_gpus, arrays.gpus))
+        part = arrays.first_gpus(min(args.lstm_gpus, arrays.gpus))
         lstm = evaluate(part, ["lstm"], replace(cfg), progress=lambda m: console.log(m))
         timings[f"lstm on {part.gpus:,} GPUs (not in the bar)"] = time.perf_counter() - t0
         tables.append(lstm.table.with_columns(pl.col("model") + f" ({part.gpus // 1000}k GPUs)"))

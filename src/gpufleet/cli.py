@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import typer
-from rich.console import Console
 
+from gpufleet.cli_console import err, out
 from gpufleet.cli_diagnose import diagnose_app
 from gpufleet.cli_health import health_app
 from gpufleet.errors import GpufleetError
@@ -43,10 +43,6 @@ app.add_typer(perf_app, name="perf")
 app.add_typer(diagnose_app, name="diagnose")
 app.add_typer(health_app, name="health")
 
-out = Console()
-if not out.is_terminal:  # piped output: do not squeeze tables into 80 columns
-    out = Console(width=160)
-err = Console(stderr=True)
 
 
 # ---------------------------------------------------------------------------------------------- helpers

@@ -12,9 +12,10 @@ from typing import Annotated
 
 import click
 import typer
-from rich.console import Console
 from rich.table import Table
 from typer.core import TyperGroup
+
+from gpufleet.cli_console import err, out
 
 _DEFAULT = "analyze"
 
@@ -37,11 +38,6 @@ diagnose_app = typer.Typer(
     no_args_is_help=True,
     rich_markup_mode="markdown",
 )
-
-out = Console()
-if not out.is_terminal:
-    out = Console(width=160)
-err = Console(stderr=True)
 
 
 @diagnose_app.command(_DEFAULT, help="Analyse a folder of per-rank profiler traces (the default command).")

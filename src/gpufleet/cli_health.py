@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from gpufleet.cli_console import err, out
 from gpufleet.errors import HealthError
 
 health_app = typer.Typer(
@@ -28,10 +28,6 @@ health_app = typer.Typer(
     rich_markup_mode="markdown",
 )
 
-out = Console()
-if not out.is_terminal:
-    out = Console(width=160)
-err = Console(stderr=True)
 
 _UNITS = {"h": 1, "d": 24, "w": 168}
 
@@ -165,16 +161,11 @@ def train(
 
 
 def _truncate(arrays: Any, hours: int) -> Any:
-    """The fleet arrays up to ``hours`` since the start (whole bins)."""
-    from dataclasses import replace
-
-    nb = min(arrays.n_bins, hours // arrays.bin_h)
-    if nb * arrays.bin_h < 24 * 14:
+    """The fleet arrays up to ``hours`` since the start (whole bins); at least two weeks of them."""
+    cut = arrays.until(hours)
+    if cut.hours < 24 * 14:
         raise HealthError(f"--until {hours} h leaves less than two weeks of telemetry")
-    keep = arrays.failure_hour < nb * arrays.bin_h
-    return replace(arrays, bins=arrays.bins[:, :nb], alive_end=arrays.alive_end[:, :nb], hours=nb * arrays.bin_h,
-                   failure_gpu=arrays.failure_gpu[keep], failure_hour=arrays.failure_hour[keep],
-                   failure_xid=arrays.failure_xid[keep])
+    return cut
 
 
 @health_app.command()

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-import sys
 
 import polars as pl
 import pytest
+from cli_helpers import run_main
 from typer.testing import CliRunner
 
 from gpufleet import cli
@@ -22,13 +22,6 @@ def invoke(*args: str):
     return res
 
 
-def run_main(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    """Run ``gpufleet.cli.main`` (gpufleet errors -> one line, exit 2): (status, stdout, stderr)."""
-    monkeypatch.setattr(sys, "argv", ["gpufleet", *args])
-    with pytest.raises(SystemExit) as exc:
-        cli.main()
-    captured = capsys.readouterr()
-    return exc.value.code, captured.out, captured.err
 
 
 @pytest.fixture(scope="module")

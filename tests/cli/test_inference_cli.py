@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
+import cli_helpers
 import polars as pl
 import pytest
 from typer.testing import CliRunner
@@ -25,12 +25,8 @@ def invoke(*args: str):
 
 
 def run_main(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    """Run ``gpufleet.cli.main`` (gpufleet errors -> one line, exit 2): (status, stdout, stderr)."""
-    monkeypatch.setattr(sys, "argv", ["gpufleet", "traces", "inference", *args])
-    with pytest.raises(SystemExit) as exc:
-        cli.main()
-    captured = capsys.readouterr()
-    return exc.value.code, captured.out, captured.err
+    """``gpufleet traces inference ARGS`` through ``cli.main``: (status, stdout, stderr)."""
+    return cli_helpers.run_main(monkeypatch, capsys, "traces", "inference", *args)
 
 
 def test_json_contract_genai_default_cluster() -> None:

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from cli_helpers import run_main
 from typer.testing import CliRunner
 
 from gpufleet import cli
@@ -26,13 +27,6 @@ def invoke(*args: str) -> dict | list:
     return json.loads(res.stdout)
 
 
-def run_main(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    """Run ``gpufleet.cli.main`` (which maps gpufleet errors to one line and exit 2): (status, stdout, stderr)."""
-    monkeypatch.setattr(sys, "argv", ["gpufleet", *args])
-    with pytest.raises(SystemExit) as exc:
-        cli.main()
-    captured = capsys.readouterr()
-    return exc.value.code, captured.out, captured.err
 
 
 # ---------------------------------------------------------------------------------------------- perf step

@@ -165,6 +165,17 @@ def test_xid_classes_and_failures(built):
     assert a.failure_xid.tolist() == [95, 79, 48]
 
 
+def test_until_and_first_gpus_keep_their_failures(built):
+    a, _, _ = built
+    early = a.until(35)  # whole bins: 5 bins, 30 h
+    assert (early.hours, early.n_bins, early.gpus) == (30, 5, G)
+    np.testing.assert_array_equal(early.bins, a.bins[:, :5])
+    assert early.failure_gpu.tolist() == [7] and early.failure_hour.tolist() == [10]  # h30 and h40 are later
+    few = a.first_gpus(4)
+    assert (few.gpus, few.n_bins) == (4, NB) and few.node.tolist() == [0] * 4
+    assert few.failure_gpu.tolist() == [1] and few.failure_xid.tolist() == [95]  # GPU 7's two are dropped
+
+
 def test_alive_hours_and_alive_end(built):
     a, _, _ = built
     alive = _ch(a, "alive_h")

@@ -69,8 +69,7 @@ def _needed_models(models: Sequence[str], cfg: EvalConfig) -> list[str]:
 
 
 def _make(name: str, cfg: EvalConfig) -> FailureModel:
-    opts = dict(cfg.torch_options) if name in ("mlp", "lstm", "cnn1d") else {}
-    return make_model(name, seed=cfg.seed, **opts)
+    return make_model(name, seed=cfg.seed, torch_options=cfg.torch_options)
 
 
 def evaluate(arrays: FleetArrays, models: Sequence[str], cfg: EvalConfig | None = None,

@@ -16,9 +16,11 @@ LLAMA3_INTERRUPTIONS = 419
 LLAMA3_DAYS = 54
 LLAMA3_GPUS = 16_384
 LLAMA3_GPU_SHARE = 0.587
+#: Unexpected interruptions (all causes) per GPU-hour; each failure kind's rate is this times its share.
+INTERRUPTIONS_PER_GPU_HOUR = LLAMA3_INTERRUPTIONS / (LLAMA3_GPUS * LLAMA3_DAYS * 24)
 #: GPU-related interruptions per GPU-hour: 419 x 0.587 / (16,384 x 54 x 24) = 1.16e-5, an MTBF of ~9.8
 #: years per GPU; on 20,000 GPUs, ~5.6 failures a day.
-GPU_FAILURES_PER_GPU_HOUR = LLAMA3_INTERRUPTIONS * LLAMA3_GPU_SHARE / (LLAMA3_GPUS * LLAMA3_DAYS * 24)
+GPU_FAILURES_PER_GPU_HOUR = INTERRUPTIONS_PER_GPU_HOUR * LLAMA3_GPU_SHARE
 
 
 @dataclass(frozen=True)

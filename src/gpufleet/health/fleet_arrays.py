@@ -10,7 +10,7 @@ the exporter): the counter is carried forward over the gap and a drop counts as 
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 
@@ -74,6 +74,22 @@ class FleetArrays:
 
     def channel(self, name: str) -> int:
         return self.channels.index(name)
+
+    def until(self, hours: int) -> FleetArrays:
+        """The fleet up to ``hours`` since its start (whole bins), with the failures before then."""
+        nb = min(self.n_bins, hours // self.bin_h)
+        keep = self.failure_hour < nb * self.bin_h
+        return replace(self, bins=self.bins[:, :nb], alive_end=self.alive_end[:, :nb], hours=nb * self.bin_h,
+                       **self._failures(keep))
+
+    def first_gpus(self, gpus: int) -> FleetArrays:
+        """The fleet's first ``gpus`` GPUs, with their failures (a sample for the costlier models)."""
+        return replace(self, bins=self.bins[:gpus], alive_end=self.alive_end[:gpus], node=self.node[:gpus],
+                       **self._failures(self.failure_gpu < gpus))
+
+    def _failures(self, keep: np.ndarray) -> dict[str, np.ndarray]:
+        return {"failure_gpu": self.failure_gpu[keep], "failure_hour": self.failure_hour[keep],
+                "failure_xid": self.failure_xid[keep]}
 
 
 class _Columns:

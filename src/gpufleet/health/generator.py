@@ -114,11 +114,11 @@ class _Plan:
 
 
 def _draw_plan(cfg: FleetConfig, rng: np.random.Generator) -> _Plan:
-    g, _h = cfg.gpus, cfg.hours
+    g = cfg.gpus
     nodes, racks = cfg.nodes, math.ceil(cfg.nodes / cfg.nodes_per_rack)
     weak = rng.random(g) < cfg.weak_batch_share
     plan_failures = _draw_failures(cfg, rng, weak)
-    episodes = _draw_episodes(cfg, rng, plan_failures, weak)
+    episodes = _draw_episodes(cfg, rng, plan_failures)
     return _Plan(
         leaky=rng.random(g) < cfg.leaky_share, weak=weak,
         gpu_temp_off=rng.normal(0.0, 2.5, g).astype(np.float32),
@@ -134,7 +134,7 @@ def _draw_plan(cfg: FleetConfig, rng: np.random.Generator) -> _Plan:
 def _draw_failures(cfg: FleetConfig, rng: np.random.Generator, weak: np.ndarray) -> pl.DataFrame:
     """Failure times per kind at the published rate; HBM failures favour the weak batch and rise with age."""
     g, h = cfg.gpus, cfg.hours
-    per_gpu_hour = facts.LLAMA3_INTERRUPTIONS / (facts.LLAMA3_GPUS * facts.LLAMA3_DAYS * 24) * cfg.failure_scale
+    per_gpu_hour = facts.INTERRUPTIONS_PER_GPU_HOUR * cfg.failure_scale
     rows: list[tuple[int, int, str, int, bool]] = []
     for kind in FAILURE_KINDS:
         n = rng.poisson(per_gpu_hour * kind.share * g * h)
@@ -172,16 +172,15 @@ def _draw_failures(cfg: FleetConfig, rng: np.random.Generator, weak: np.ndarray)
     return frame.filter(pl.Series(keep))
 
 
-def _draw_episodes(cfg: FleetConfig, rng: np.random.Generator, failures: pl.DataFrame,
-                   weak: np.ndarray) -> pl.DataFrame:
+def _draw_episodes(cfg: FleetConfig, rng: np.random.Generator, failures: pl.DataFrame) -> pl.DataFrame:
     """Precursor episodes before failures (ramping into them) and decoys on healthy GPUs (rising, then fading)."""
     g, h = cfg.gpus, cfg.hours
+    per_gpu_hour = facts.INTERRUPTIONS_PER_GPU_HOUR * cfg.failure_scale
     kinds = {k.name: k for k in FAILURE_KINDS}
     parts = []
     true = failures.filter(pl.col("precursor"))
     for sig in _SIGNATURES:
-        mine = true.filter(pl.col("kind").map_elements(lambda k, s=sig: kinds[k].precursor == s,
-                                                       return_dtype=pl.Boolean))
+        mine = true.filter(pl.col("kind").is_in([k.name for k in FAILURE_KINDS if k.precursor == sig]))
         median = np.array([kinds[k].median_lead_h for k in mine["kind"].to_list()], dtype=float)
         lead = np.clip(rng.lognormal(np.log(np.maximum(median, 1.0)), 0.45), 6, 168).astype(np.int64)
         end = mine["hour"].to_numpy()
@@ -191,7 +190,6 @@ def _draw_episodes(cfg: FleetConfig, rng: np.random.Generator, failures: pl.Data
         }, schema_overrides={"start": pl.Int64, "end": pl.Int64}))
         # decoys: as many as the expected number of true episodes of this signature times the ratio
         expected = sum(k.share * k.precursor_prob for k in FAILURE_KINDS if k.precursor == sig)
-        per_gpu_hour = facts.LLAMA3_INTERRUPTIONS / (facts.LLAMA3_GPUS * facts.LLAMA3_DAYS * 24) * cfg.failure_scale
         n = rng.poisson(expected * per_gpu_hour * g * h * cfg.decoys.get(sig, 0.0))
         if sig == "thermal":  # a node-level event (a failing fan): every GPU of the node heats together
             node = rng.integers(0, cfg.nodes, n)

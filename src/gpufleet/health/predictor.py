@@ -75,12 +75,11 @@ class Predictor:
 
 def _fit(name: str, train: Any, budget: float, seed: int, torch_options: dict,
          negative_rate: float = 1.0) -> FailureModel:
-    opts = dict(torch_options) if name in ("mlp", "lstm", "cnn1d") else {}
     if name == "parallel":
         return ParallelEnsemble(budget=budget, seed=seed).fit(train)
     if name == "cascade":
         return CascadeEnsemble(seed=seed, negative_rate=negative_rate).fit(train)
-    return make_model(name, seed=seed, **opts).fit(train)
+    return make_model(name, seed=seed, torch_options=torch_options).fit(train)
 
 
 def train_predictor(arrays: FleetArrays, model: str = "gbdt", features: FeatureConfig | None = None,

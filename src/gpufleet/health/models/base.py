@@ -7,7 +7,7 @@ only compared within one model (top-K alerting), so they need not be calibrated 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -64,7 +64,14 @@ def model_names() -> dict[str, str]:
     return dict(_HELP)
 
 
-def make_model(name: str, **options: Any) -> FailureModel:
-    """A new, unfitted model by registered name."""
+#: the models built on torch: only they take ``torch_options`` (epochs, max_train, ...)
+TORCH_MODELS = frozenset({"mlp", "lstm", "cnn1d"})
+
+
+def make_model(name: str, *, torch_options: Mapping[str, Any] | None = None, **options: Any) -> FailureModel:
+    """A new, unfitted model by registered name; ``torch_options`` go to torch models only, so that one
+    set of options can be passed for any model name."""
     _load_builtin()
+    if torch_options and name in TORCH_MODELS:
+        options = {**torch_options, **options}
     return _REGISTRY.create(name, **options)
