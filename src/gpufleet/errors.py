@@ -28,3 +28,7 @@ class DiagnoseError(GpufleetError):
 
 class HealthError(GpufleetError):
     """Telemetry or a failure model cannot be read or used (missing field, unknown format, bad model file)."""
+
+
+class MetaError(GpufleetError):
+    """Interactions, task records or a meta-learning checkpoint cannot be read or used (bad row, missing column)."""
