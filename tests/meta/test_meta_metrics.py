@@ -27,6 +27,8 @@ def test_undefined_tasks_are_counted_not_averaged():
     only_pos = (np.array([0.3, 0.2]), np.array([1.0, 1.0]))
     only_neg = (np.array([0.3, 0.2]), np.array([0.0, 0.0]))
     scores = score_tasks([both, only_pos, only_neg])
-    assert scores.auc == 1.0 and scores.auc_tasks == 1
+    assert scores.gauc == 1.0 and scores.auc_tasks == 1
+    pooled = metrics.roc_auc_score([1, 0, 1, 1, 0, 0], [0.9, 0.1, 0.3, 0.2, 0.3, 0.2])
+    assert scores.auc == pytest.approx(pooled)
     assert scores.ndcg_tasks == 2 and scores.tasks == 3 and scores.samples == 6
     assert np.isnan(task_auc(*only_pos)) and np.isnan(task_ndcg(*only_neg))

@@ -1,6 +1,7 @@
-"""Ranking metrics per task: AUC (Mann-Whitney over tied ranks) and NDCG@k with binary gains, then their means.
+"""Ranking metrics: pooled AUC (the CTR models' AUC, over every query sample), per-task AUC averaged over tasks
+(GAUC, which ignores each task's base rate) and NDCG@k per task with binary gains (Mann-Whitney with tied ranks).
 
-A task counts toward AUC only when its query set has both classes, and toward NDCG only when it has a
+A task counts toward GAUC only when its query set has both classes, and toward NDCG only when it has a
 positive; the counts are reported so that a figure is never an average over nothing.
 """
 
@@ -37,9 +38,10 @@ def task_ndcg(scores: np.ndarray, labels: np.ndarray, k: int = 10) -> float:
 
 @dataclass(frozen=True)
 class RankingScores:
-    """Mean per-task AUC and NDCG@10, with how many tasks each mean covers."""
+    """Pooled AUC, mean per-task AUC (GAUC) and NDCG@10, with how many tasks each mean covers."""
 
     auc: float
+    gauc: float
     ndcg_at_10: float
     tasks: int
     auc_tasks: int
@@ -47,16 +49,18 @@ class RankingScores:
     samples: int
 
     def to_json(self) -> dict[str, float | int]:
-        return {"auc": self.auc, "ndcg_at_10": self.ndcg_at_10, "tasks": self.tasks, "auc_tasks": self.auc_tasks,
-                "ndcg_tasks": self.ndcg_tasks, "samples": self.samples}
+        return {"auc": self.auc, "gauc": self.gauc, "ndcg_at_10": self.ndcg_at_10, "tasks": self.tasks,
+                "auc_tasks": self.auc_tasks, "ndcg_tasks": self.ndcg_tasks, "samples": self.samples}
 
 
 def score_tasks(per_task: list[tuple[np.ndarray, np.ndarray]]) -> RankingScores:
-    """Per-task (scores, labels) -> mean AUC and NDCG@10 over the tasks where each is defined."""
+    """Per-task (scores, labels) -> pooled AUC, and mean AUC / NDCG@10 over the tasks where each is defined."""
     aucs = np.array([task_auc(s, y) for s, y in per_task], dtype=np.float64)
     ndcgs = np.array([task_ndcg(s, y) for s, y in per_task], dtype=np.float64)
     ok_auc, ok_ndcg = ~np.isnan(aucs), ~np.isnan(ndcgs)
-    return RankingScores(auc=float(aucs[ok_auc].mean()) if ok_auc.any() else float("nan"),
+    pooled = task_auc(np.concatenate([s for s, _ in per_task]), np.concatenate([y for _, y in per_task])) \
+        if per_task else float("nan")
+    return RankingScores(auc=pooled, gauc=float(aucs[ok_auc].mean()) if ok_auc.any() else float("nan"),
                          ndcg_at_10=float(ndcgs[ok_ndcg].mean()) if ok_ndcg.any() else float("nan"),
                          tasks=len(per_task), auc_tasks=int(ok_auc.sum()), ndcg_tasks=int(ok_ndcg.sum()),
                          samples=int(sum(len(y) for _, y in per_task)))
