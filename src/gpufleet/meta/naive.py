@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -65,6 +66,13 @@ class NaiveTrainer(MetaTrainer):
         super().__init__(config)
         self.embedding = ShardedEmbedding(self.store.meta.num_rows, config.emb_dim, seed=config.seed,
                                           group=_single_rank_groups())
+
+    def export(self, path: Path) -> None:
+        """Every rank holds the full table, so global rank 0 alone writes the model; the others wait."""
+        if self.rank == 0:
+            super().export(path)
+        if dist.is_available() and dist.is_initialized():
+            dist.barrier()
 
     def fit(self) -> TrainStats:
         cfg = self.config

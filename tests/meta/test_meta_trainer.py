@@ -1,0 +1,120 @@
+"""The G-Meta trainer: 1, 2 and 4 ranks train the same model, the naive baseline too, and a rank that dies
+mid-run leaves a checkpoint that resumes on a different number of ranks to the same result."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from meta_dist_helpers import run_ranks  # noqa: E402
+
+from gpufleet.meta.checkpoint import latest_checkpoint, load_exported  # noqa: E402
+from gpufleet.meta.prepare import PrepareConfig, prepare_file  # noqa: E402
+from gpufleet.meta.trainer import MetaTrainer, TrainConfig  # noqa: E402
+
+STEPS = 12
+
+
+@pytest.fixture(scope="module")
+def tasks(tmp_path_factory) -> Path:
+    """60 users x 30 rated items with a per-user taste for one of 4 item groups, prepared as tasks."""
+    rng = np.random.default_rng(3)
+    folder = tmp_path_factory.mktemp("meta-trainer")
+    users, per_user, items = 60, 30, 80
+    rows = []
+    for u in range(users):
+        liked = u % 4
+        for k, item in enumerate(rng.choice(items, per_user, replace=False)):
+            p = 0.8 if item % 4 == liked else 0.3
+            rows.append(f"{u},{item},{int(rng.random() < p)},{1000 * u + k},{item % 4}")
+    csv = folder / "clicks.csv"
+    csv.write_text("uid,iid,click,ts,group\n" + "\n".join(rows) + "\n")
+    prepare_file(csv, {"user": "uid", "item": "iid", "label": "click", "time": "ts"},
+                 PrepareConfig(support_size=8, query_size=12, min_query=5), folder / "tasks", sparse=["group"])
+    return folder / "tasks"
+
+
+def _config(tasks: Path, **kw) -> TrainConfig:
+    base = dict(tasks=tasks, epochs=10, tasks_per_step=8, max_steps=STEPS, emb_dim=8, bottom=(16,), top=(16,),
+                inner_lr=0.3, seed=1, prefetch=1)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def _train(rank: int, world: int, tasks: Path, out: Path, trainer: str, kw: dict) -> None:
+    del rank, world
+    if trainer == "naive":
+        from gpufleet.meta.naive import NaiveTrainer
+
+        t = NaiveTrainer(_config(tasks, **kw))
+    else:
+        t = MetaTrainer(_config(tasks, **kw))
+    t.fit()
+    t.export(out)
+
+
+def _same_model(a: Path, b: Path, atol: float = 2e-6) -> None:
+    ma, mb = load_exported(a), load_exported(b)
+    assert torch.allclose(ma["table"], mb["table"], atol=atol)
+    for name, value in ma["dense_state"].items():
+        assert torch.allclose(value, mb["dense_state"][name], atol=atol), name
+
+
+def _reference(tasks: Path, tmp_path: Path, **kw) -> Path:
+    out = tmp_path / "one-rank.pt"
+    _train(0, 1, tasks, out, "gmeta", kw)
+    return out
+
+
+@pytest.mark.parametrize("order", ["first", "second"])
+def test_two_and_four_ranks_train_the_single_process_model(tasks, tmp_path, order):
+    reference = _reference(tasks, tmp_path, order=order)
+    before = load_exported(reference)
+    fresh = MetaTrainer(_config(tasks))
+    assert not torch.allclose(before["table"], fresh.embedding.full_table())  # training moved the table
+    for world in (2, 4):
+        out = tmp_path / f"{world}-ranks.pt"
+        run_ranks(world, _train, tmp_path, tasks, out, "gmeta", {"order": order})
+        _same_model(reference, out)
+
+
+def test_naive_baseline_trains_the_same_model(tasks, tmp_path):
+    reference = _reference(tasks, tmp_path)
+    out = tmp_path / "naive.pt"
+    run_ranks(2, _train, tmp_path, tasks, out, "naive", {})
+    _same_model(reference, out)
+
+
+def test_a_rank_that_dies_leaves_a_checkpoint_that_resumes_on_fewer_ranks(tasks, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+           "-m", "gpufleet.meta.train", str(tasks), "--epochs", "10", "--tasks-per-step", "8",
+           "--max-steps", str(STEPS), "--emb-dim", "8", "--bottom", "16", "--top", "16", "--inner-lr", "0.3",
+           "--seed", "1", "--checkpoint-dir", str(ckpt), "--checkpoint-every", "4", "--die-at-step", "7",
+           "--die-rank", "1", "-o", str(tmp_path / "never.pt")]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"),
+                          timeout=240)
+    assert done.returncode != 0
+    assert not (tmp_path / "never.pt").exists()
+    latest = latest_checkpoint(ckpt)
+    assert latest is not None and latest.name.endswith("00000004")
+    resumed = MetaTrainer(_config(tasks, checkpoint_dir=ckpt, resume=True))
+    stats = resumed.fit()
+    assert stats.start_step == 4 and resumed.step == STEPS and stats.steps == STEPS - 4
+    out = tmp_path / "resumed.pt"
+    resumed.export(out)
+    _same_model(_reference(tasks, tmp_path), out, atol=1e-5)
+
+
+def test_train_entry_point_reports_a_bad_folder_in_one_line(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "gpufleet.meta.train", str(tmp_path / "missing")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.startswith("error:") and "missing" in done.stderr and "Traceback" not in done.stderr
