@@ -817,7 +817,9 @@ def main() -> None:
     try:
         app()
     except GpufleetError as exc:
-        err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        from rich.markup import escape
+
+        err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         sys.exit(2)
 
 

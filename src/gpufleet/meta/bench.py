@@ -171,10 +171,11 @@ def print_bench(result: dict[str, Any], console: Any) -> None:
         return
     acc = result["accuracy"]
     table = Table(title="cold-start users, after k-shot adaptation")
-    for col in ("model", "AUC", "NDCG@10", "Δ AUC vs 1-rank MAML", "train s"):
+    for col in ("model", "AUC", "GAUC", "NDCG@10", "Δ AUC vs 1-rank MAML", "train s"):
         table.add_column(col, justify="left" if col == "model" else "right")
     ref = next(v for k, v in acc.items() if k.startswith("gmeta@"))
     for name, row in acc.items():
-        table.add_row(name, f"{row['auc']:.4f}", f"{row['ndcg_at_10']:.4f}", f"{row['auc'] - ref['auc']:+.4f}",
+        table.add_row(name, f"{row['auc']:.4f}", f"{row['gauc']:.4f}", f"{row['ndcg_at_10']:.4f}",
+                      f"{row['auc'] - ref['auc']:+.4f}",
                       f"{row.get('train_wall_s', float('nan')):.1f}")
     console.print(table)
