@@ -7,7 +7,14 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from gpufleet.errors import MetaError  # noqa: E402
-from gpufleet.meta.maml import MamlConfig, adapted_logits, dense_params, task_loss, task_losses  # noqa: E402
+from gpufleet.meta.maml import (  # noqa: E402
+    MamlConfig,
+    adapted_logits,
+    dense_params,
+    task_loss,
+    task_losses,
+    task_losses_vmap,
+)
 from gpufleet.meta.model import ModelConfig, build_model  # noqa: E402
 
 T, S, Q, F, D, U, DIM = 5, 6, 7, 4, 3, 30, 8
@@ -32,18 +39,19 @@ def _problem(kind: str = "dlrm", num_dense: int = D):
 @pytest.mark.parametrize("order", ["first", "second", "none"])
 @pytest.mark.parametrize("adapt_embeddings", [False, True])
 @pytest.mark.parametrize("kind", ["dlrm", "melu"])
-def test_vmapped_tasks_equal_a_per_task_loop(order, adapt_embeddings, kind):
+def test_batched_tasks_equal_a_per_task_loop_and_vmap(order, adapt_embeddings, kind):
     model, table, sup, qry = _problem(kind)
     config = MamlConfig(order=order, inner_lr=0.3, inner_steps=2, adapt_embeddings=adapt_embeddings)
     params = dense_params(model)
     batched = task_losses(model, params, table, sup, qry, config)
     looped = torch.stack([task_loss(model, params, table, tuple(x[t] for x in sup), tuple(x[t] for x in qry), config)
                           for t in range(T)])
-    assert torch.allclose(batched, looped, atol=1e-12)
-    g_batched = torch.autograd.grad(batched.sum(), [*params.values(), table])
+    vmapped = task_losses_vmap(model, params, table, sup, qry, config)
+    assert torch.allclose(batched, looped, atol=1e-12) and torch.allclose(vmapped, looped, atol=1e-12)
     g_looped = torch.autograd.grad(looped.sum(), [*params.values(), table])
-    for a, b in zip(g_batched, g_looped, strict=True):
-        assert torch.allclose(a, b, atol=1e-12)
+    for other in (batched, vmapped):
+        for a, b in zip(torch.autograd.grad(other.sum(), [*params.values(), table]), g_looped, strict=True):
+            assert torch.allclose(a, b, atol=1e-12)
 
 
 def _finite_difference(model, params, table, sup, qry, config, name, index, eps=1e-6):

@@ -55,7 +55,8 @@ def _launch(ranks: int, args: list[str], log: Callable[[str], None]) -> float:
     wall = time.perf_counter() - start
     if done.returncode != 0:
         raise MetaError(f"training run failed ({' '.join(cmd[-8:])}): {done.stderr.strip()[-1500:]}")
-    log(f"  {' '.join(args[:1])} ranks={ranks}: {wall:.1f} s")
+    trainer = args[args.index("--trainer") + 1] if "--trainer" in args else "gmeta"
+    log(f"  {trainer} on {ranks} rank(s){' (to the end)' if '--max-steps' not in args else ''}: {wall:.1f} s")
     return wall
 
 

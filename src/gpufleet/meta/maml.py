@@ -1,16 +1,16 @@
 """MAML over the dense model: a functional inner loop per task on its support set, the outer loss on its query set.
 
-The inner loop updates a copy of the dense parameters with ``torch.func.grad`` (no module state changes), and
-optionally a per-task delta on the looked-up embedding rows. ``order="first"`` cuts the inner gradient out of the
-graph (FOMAML: d fast / d slow = I); ``order="second"`` keeps it, so the outer backward differentiates through
-the inner update. ``task_losses`` runs all of a batch's tasks at once with ``torch.func.vmap`` (padded sets and
-masks); ``task_loss`` is the same computation for one task, used by the naive baseline and to test the vmap.
+The inner loop updates a copy of the dense parameters (no module state changes), and optionally a per-task delta
+on the looked-up embedding rows. ``order="first"`` cuts the inner gradient out of the graph (FOMAML: d fast /
+d slow = I); ``order="second"`` keeps it, so the outer backward differentiates through the inner update.
+``task_losses`` runs all of a batch's tasks at once (padded sets and masks) with per-task weights [T, ...] and
+batched matmuls; ``task_loss`` is the same computation for one task through ``torch.func.grad`` and
+``functional_call`` (used by the naive baseline, and by the tests as an independent second path, also vmapped).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -112,13 +112,88 @@ def _plain_loss(model: nn.Module, params: Params, table: torch.Tensor, sup: tupl
     return total / count.clamp_min(1.0)
 
 
+def _per_task_bce(logits: torch.Tensor, label: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Masked mean BCE of each task: logits/labels/mask [T, S] -> [T]."""
+    weight = mask.to(logits.dtype)
+    per_sample = binary_cross_entropy_with_logits(logits, label, reduction="none") * weight
+    return per_sample.sum(dim=1) / weight.sum(dim=1).clamp_min(1.0)
+
+
+def _gather_rows(table: torch.Tensor, delta: torch.Tensor | None, idx: torch.Tensor) -> torch.Tensor:
+    """Embedding vectors [T, S, F, d] of index tensor [T, S, F], with each task's own delta when adapting rows."""
+    if delta is None:
+        return table[idx]
+    rows = table.unsqueeze(0) + delta
+    return rows[torch.arange(idx.shape[0]).view(-1, 1, 1), idx]
+
+
+def _per_task_params(params: Params, tasks: int) -> Params:
+    """The slow parameters repeated for every task ([T, ...]) as differentiable views of one tensor each."""
+    fast = {}
+    for name, value in params.items():
+        if not value.requires_grad:  # evaluation of a frozen model: the inner loop still needs a graph
+            value = value.detach().requires_grad_()
+        fast[name] = value.unsqueeze(0).expand(tasks, *value.shape)
+    return fast
+
+
+def adapt_batched(model: nn.Module, params: Params, table: torch.Tensor, sup: tuple[torch.Tensor, ...],
+                  config: MamlConfig) -> tuple[Params, torch.Tensor | None]:
+    """Inner loops of all T tasks at once: per-task weights [T, ...] and batched matmuls, plain autograd.
+
+    Each task's support loss depends only on its own slice of the per-task weights, so one gradient of the
+    summed loss is every task's own gradient; second order keeps that gradient's graph (``create_graph``).
+    """
+    sup_idx, sup_dense, sup_label, sup_mask = sup
+    tasks = sup_idx.shape[0]
+    with torch.enable_grad():
+        fast = _per_task_params(params, tasks)
+    delta = None
+    if config.adapt_embeddings:
+        delta = table.new_zeros((tasks, *table.shape), requires_grad=True)
+    if not config.adapts:
+        return fast, delta
+    second = config.order == "second" and torch.is_grad_enabled()
+    with torch.enable_grad():  # the inner loop needs gradients even when the caller scores under no_grad
+        for _ in range(config.inner_steps):
+            logits = model.forward_with(fast, _gather_rows(table, delta, sup_idx), sup_dense)
+            loss = _per_task_bce(logits, sup_label, sup_mask).sum()
+            inputs = [*fast.values(), *([delta] if delta is not None else [])]
+            grads = torch.autograd.grad(loss, inputs, create_graph=second)
+            fast = {k: v - config.inner_lr * g for (k, v), g in zip(fast.items(), grads, strict=False)}
+            if delta is not None:
+                delta = delta - config.inner_lr * grads[-1]
+    return fast, delta
+
+
 def task_losses(model: nn.Module, params: Params, table: torch.Tensor, sup: tuple[torch.Tensor, ...],
                 qry: tuple[torch.Tensor, ...], config: MamlConfig) -> torch.Tensor:
-    """Outer losses of all tasks of a batch at once (vmap over the leading task axis) -> tensor [T].
+    """Outer losses of all tasks of a batch at once -> tensor [T] (equal to ``task_loss`` per task).
 
     ``table`` holds the batch's deduplicated embedding rows [U, d], shared by every task; the sets' index
-    tensors are [T, S, F] into it.
+    tensors are [T, S, F] into it. All tasks run together: per-task weights and batched matmuls, no Python
+    loop over tasks and no per-task autograd call.
     """
+    if sup[0].shape[0] == 0:
+        return table.new_zeros((0,))
+    q_idx, q_dense, q_label, q_mask = qry
+    if config.order == "none":
+        total = table.new_zeros(sup[0].shape[0])
+        count = table.new_zeros(sup[0].shape[0])
+        for idx, dense, label, mask in (sup, qry):
+            weight = mask.to(table.dtype)
+            logits = functional_call(model, params, (table[idx], dense))
+            total = total + (binary_cross_entropy_with_logits(logits, label, reduction="none") * weight).sum(1)
+            count = count + weight.sum(1)
+        return total / count.clamp_min(1.0)
+    fast, delta = adapt_batched(model, params, table, sup, config)
+    logits = model.forward_with(fast, _gather_rows(table, delta, q_idx), q_dense)
+    return _per_task_bce(logits, q_label, q_mask)
+
+
+def task_losses_vmap(model: nn.Module, params: Params, table: torch.Tensor, sup: tuple[torch.Tensor, ...],
+                     qry: tuple[torch.Tensor, ...], config: MamlConfig) -> torch.Tensor:
+    """The same as ``task_losses`` through ``torch.func.vmap`` of ``task_loss`` (a second, independent path)."""
     if sup[0].shape[0] == 0:
         return table.new_zeros((0,))
 
@@ -131,13 +206,11 @@ def task_losses(model: nn.Module, params: Params, table: torch.Tensor, sup: tupl
 
 def adapted_logits(model: nn.Module, params: Params, table: torch.Tensor, sup: tuple[torch.Tensor, ...],
                    qry_idx: torch.Tensor, qry_dense: torch.Tensor, config: MamlConfig) -> torch.Tensor:
-    """Query logits of every task after its inner loop on its support set (vmap over tasks) -> [T, Q].
+    """Query logits of every task after its inner loop on its support set -> [T, Q].
 
     This is k-shot adaptation at evaluation time; with ``order="none"`` the model scores without adapting.
     """
-    def one(s_idx, s_dense, s_label, s_mask, q_idx, q_dense):
-        fast, delta = adapt(model, params, table, (s_idx, s_dense, s_label, s_mask), config)
-        return _forward(model, fast, table, delta, q_idx, q_dense)
-
-    logits: Callable[..., torch.Tensor] = vmap(one)
-    return logits(*sup, qry_idx, qry_dense).detach()
+    if config.order == "none" or not config.adapts:
+        return functional_call(model, params, (table[qry_idx], qry_dense)).detach()
+    fast, delta = adapt_batched(model, params, table, sup, replace(config, order="first"))
+    return model.forward_with(fast, _gather_rows(table, delta, qry_idx), qry_dense).detach()

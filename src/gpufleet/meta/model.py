@@ -52,6 +52,22 @@ def mlp(sizes: list[int], final_activation: bool) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
+def apply_mlp(seq: nn.Sequential, prefix: str, params: dict[str, torch.Tensor] | None,
+              x: torch.Tensor) -> torch.Tensor:
+    """Run ``seq`` on ``x``; with ``params`` its linear layers use per-task weights ``params[f"{prefix}.{i}.weight"]``
+    of shape [T, out, in] on inputs [T, ..., in] (one batched matmul per layer for all tasks)."""
+    if params is None:
+        return seq(x)
+    for i, layer in enumerate(seq):
+        if isinstance(layer, nn.Linear):
+            weight, bias = params[f"{prefix}.{i}.weight"], params[f"{prefix}.{i}.bias"]
+            flat = x.reshape(x.shape[0], -1, x.shape[-1])
+            x = torch.baddbmm(bias.unsqueeze(1), flat, weight.transpose(1, 2)).reshape(*x.shape[:-1], -1)
+        else:
+            x = layer(x)
+    return x
+
+
 class DLRMDense(nn.Module):
     """DLRM: dense features through a bottom MLP to the embedding width, dot products of every pair of vectors
     (embeddings and the bottom output), concatenated with the bottom output, then a top MLP to one logit."""
@@ -69,8 +85,13 @@ class DLRMDense(nn.Module):
         self.top = mlp([interactions, *config.top, 1], final_activation=False)
 
     def forward(self, emb: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
+        return self.forward_with(None, emb, dense)
+
+    def forward_with(self, params: dict[str, torch.Tensor] | None, emb: torch.Tensor,
+                     dense: torch.Tensor) -> torch.Tensor:
+        """Forward with the module's parameters (``params`` None) or per-task ones ([T, ...], inputs [T, ...])."""
         if self.bottom is not None:
-            x = self.bottom(dense)
+            x = apply_mlp(self.bottom, "bottom", params, dense)
             vectors = torch.cat([x.unsqueeze(-2), emb], dim=-2)
             first = x
         else:
@@ -78,7 +99,7 @@ class DLRMDense(nn.Module):
             first = emb.flatten(-2)
         gram = vectors @ vectors.transpose(-1, -2)
         pairs = gram[..., self.pair_rows, self.pair_cols]
-        return self.top(torch.cat([first, pairs], dim=-1)).squeeze(-1)
+        return apply_mlp(self.top, "top", params, torch.cat([first, pairs], dim=-1)).squeeze(-1)
 
 
 class MeLUDense(nn.Module):
@@ -90,7 +111,12 @@ class MeLUDense(nn.Module):
         self.decide = mlp([width, *config.top, 1], final_activation=False)
 
     def forward(self, emb: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
-        return self.decide(torch.cat([emb.flatten(-2), dense], dim=-1)).squeeze(-1)
+        return self.forward_with(None, emb, dense)
+
+    def forward_with(self, params: dict[str, torch.Tensor] | None, emb: torch.Tensor,
+                     dense: torch.Tensor) -> torch.Tensor:
+        """Forward with the module's parameters (``params`` None) or per-task ones ([T, ...], inputs [T, ...])."""
+        return apply_mlp(self.decide, "decide", params, torch.cat([emb.flatten(-2), dense], dim=-1)).squeeze(-1)
 
 
 def build_model(config: ModelConfig, seed: int = 0) -> nn.Module:

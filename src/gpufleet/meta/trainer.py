@@ -111,7 +111,7 @@ class MetaTrainer:
         self.maml = config.maml_config()
         self.model = build_model(self.model_config, seed=config.seed)
         self.embedding = ShardedEmbedding(self.store.meta.num_rows, config.emb_dim, seed=config.seed)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.outer_lr)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.outer_lr, fused=True)
         self.step = 0
         self.timer = default_timer()
 
