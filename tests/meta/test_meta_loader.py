@@ -200,6 +200,18 @@ def test_loader_yields_this_ranks_tasks(store: TaskStore) -> None:
         assert all(np.array_equal(g, store.task_ids[step[rank]]) for g, step in zip(got, plan, strict=True))
 
 
+def test_loader_tells_each_rank_every_ranks_ids(store: TaskStore) -> None:
+    world = 3
+    per_rank = [list(MetaLoader(store, 12, rank, world, seed=2, peer_ids=True)) for rank in range(world)]
+    assert MetaLoader(store, 12, 0, world, seed=2).plan() and next(iter(MetaLoader(store, 12, 0, 1, seed=2))).peer_ids \
+        is None
+    for step in range(len(per_rank[0])):
+        own = [per_rank[r][step].unique_ids for r in range(world)]
+        for r in range(world):
+            peers = per_rank[r][step].peer_ids
+            assert peers is not None and all(np.array_equal(a, b) for a, b in zip(peers, own, strict=True))
+
+
 def test_loader_set_epoch_and_sync_path(store: TaskStore) -> None:
     loader = MetaLoader(store, 32, 0, 1, seed=0, prefetch=0)
     first = [b.task_ids for b in loader]

@@ -74,8 +74,12 @@ class ShardedEmbedding(torch.nn.Module):
         return owned_global_ids(self.num_rows, self.world, self.rank)
 
     # ----------------------------------------------------------------------------------------- lookup
-    def lookup(self, ids: torch.Tensor) -> torch.Tensor:
+    def lookup(self, ids: torch.Tensor, peer_ids: list[torch.Tensor] | None = None) -> torch.Tensor:
         """Vectors ``[N, dim]`` of global ``ids`` ``[N]`` (duplicates and N = 0 allowed), differentiable.
+
+        ``peer_ids`` (optional): the ids every rank passes to this same call (``peer_ids[rank]`` is ``ids``). When
+        the input pipeline knows them (the Meta-IO loader plans every rank's tasks), each rank works out which of
+        its rows the others request, and the two exchanges of counts and ids are skipped: only the vectors travel.
 
         Collective with world > 1: every rank of the group must call ``lookup`` the same number of times, in the
         same order, even with no ids (pass an empty tensor), or the ranks hang.
@@ -86,15 +90,27 @@ class ShardedEmbedding(torch.nn.Module):
         owner = ids % self.world
         order = torch.argsort(owner, stable=True)
         in_splits = torch.bincount(owner, minlength=self.world)
-        out_splits = torch.empty_like(in_splits)
-        self._exchange(out_splits, in_splits)
-        in_list, out_list = in_splits.tolist(), out_splits.tolist()
-        recv_ids = self._exchange(ids.new_empty(sum(out_list)), ids[order], out_list, in_list)
+        in_list = in_splits.tolist()
+        if peer_ids is None:
+            out_splits = torch.empty_like(in_splits)
+            self._exchange(out_splits, in_splits)
+            out_list = out_splits.tolist()
+            recv_ids = self._exchange(ids.new_empty(sum(out_list)), ids[order], out_list, in_list)
+        else:
+            recv_ids, out_list = self._requests_from(peer_ids)
         rows = F.embedding(recv_ids // self.world, self.weight)
         back = AllToAll.apply(rows, in_list, out_list, self.group, self.timer)
         inverse = torch.empty_like(order)
         inverse[order] = torch.arange(order.numel(), device=order.device)
         return back.index_select(0, inverse)
+
+    def _requests_from(self, peer_ids: list[torch.Tensor]) -> tuple[torch.Tensor, list[int]]:
+        """The ids that every rank requests from this one, in the order it sends them (its owner-sorted order)."""
+        if len(peer_ids) != self.world:
+            raise ValueError(f"peer_ids has {len(peer_ids)} entries for a world of {self.world}")
+        wanted = [torch.as_tensor(p, dtype=torch.int64) for p in peer_ids]
+        mine = [p[p % self.world == self.rank] for p in wanted]
+        return torch.cat(mine).to(self.weight.device), [int(m.numel()) for m in mine]
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """Same as ``lookup`` (a collective)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import queue
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -140,6 +140,13 @@ class TaskStore:
         )
 
 
+    def unique_ids(self, task_indices: Sequence[int] | np.ndarray) -> np.ndarray:
+        """The deduplicated, sorted embedding ids of these tasks' support and query sets (``batch().unique_ids``)."""
+        tasks = np.asarray(task_indices, dtype=np.int64).reshape(-1)
+        parts = [_gather(arrays, tasks)[0].reshape(-1) for arrays in (self.support, self.query)]
+        return np.unique(np.concatenate(parts)).astype(np.int64)
+
+
 def _gather(arrays: _SetArrays, tasks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The real samples of these tasks, row-major by (task, position), and the [T, width] mask of real positions."""
     count = arrays.count[tasks]
@@ -247,11 +254,13 @@ class MetaLoader:
         epoch: int = 0,
         prefetch: int = 2,
         drop_last: bool = True,
+        peer_ids: bool = False,
     ) -> None:
         if not 0 <= rank < world:
             raise MetaError(f"rank {rank} is outside 0..{world - 1} for world size {world}")
         self.store, self.tasks_per_step, self.rank, self.world = store, tasks_per_step, rank, world
         self.seed, self.epoch, self.prefetch, self.drop_last = seed, epoch, max(0, prefetch), drop_last
+        self.peer_ids = peer_ids
 
     def set_epoch(self, epoch: int) -> None:
         """Use the shuffle of this epoch from the next ``iter`` on."""
@@ -271,17 +280,27 @@ class MetaLoader:
 
     def iter_from(self, step: int) -> Iterator[TaskBatch]:
         """This epoch's batches from ``step`` on (resuming mid-epoch after a checkpoint)."""
-        plan = self.plan()[step:]
+        steps = plan_steps(self.store.sizes, self.tasks_per_step, self.world, self.seed, self.epoch,
+                           self.drop_last)[step:]
         if self.prefetch == 0:
-            return (self.store.batch(tasks) for tasks in plan)
-        return _prefetched(self.store, plan, self.prefetch)
+            return (self._build(tasks) for tasks in steps)
+        return _prefetched(self._build, steps, self.prefetch)
+
+    def _build(self, step_tasks: list[np.ndarray]) -> TaskBatch:
+        """This rank's batch of one step, with every rank's unique ids when ``peer_ids`` was asked for."""
+        batch = self.store.batch(step_tasks[self.rank])
+        if self.peer_ids:
+            batch.peer_ids = [batch.unique_ids if r == self.rank else self.store.unique_ids(tasks)
+                              for r, tasks in enumerate(step_tasks)]
+        return batch
 
 
-def _prefetched(store: TaskStore, plan: list[np.ndarray], depth: int) -> Iterator[TaskBatch]:
+def _prefetched(build: Callable[[list[np.ndarray]], TaskBatch], steps: list[list[np.ndarray]],
+                depth: int) -> Iterator[TaskBatch]:
     """Yield batches built by a worker thread through a bounded queue; closing the generator stops the worker."""
     out: queue.Queue = queue.Queue(maxsize=depth)
     stop = threading.Event()
-    worker = threading.Thread(target=_produce, args=(store, plan, out, stop), daemon=True, name="meta-prefetch")
+    worker = threading.Thread(target=_produce, args=(build, steps, out, stop), daemon=True, name="meta-prefetch")
     worker.start()
     try:
         while True:
@@ -296,10 +315,11 @@ def _prefetched(store: TaskStore, plan: list[np.ndarray], depth: int) -> Iterato
         worker.join()
 
 
-def _produce(store: TaskStore, plan: list[np.ndarray], out: queue.Queue, stop: threading.Event) -> None:
+def _produce(build: Callable[[list[np.ndarray]], TaskBatch], steps: list[list[np.ndarray]], out: queue.Queue,
+             stop: threading.Event) -> None:
     try:
-        for tasks in plan:
-            if not _put(out, store.batch(tasks), stop):
+        for step_tasks in steps:
+            if not _put(out, build(step_tasks), stop):
                 return
         _put(out, _DONE, stop)
     except BaseException as exc:  # carried to the consumer, which re-raises it

@@ -88,6 +88,9 @@ class TaskBatch:
     qry_dense: np.ndarray  # float32 [T, Q, D]
     qry_label: np.ndarray  # float32 [T, Q]
     qry_mask: np.ndarray  # bool [T, Q]
+    # unique_ids of every rank's batch of this step (peer_ids[rank] is this batch's own), when the loader was
+    # asked for them: each rank then knows which of its rows the others will request, with no id exchange
+    peer_ids: list[np.ndarray] | None = None
 
     @property
     def num_tasks(self) -> int:

@@ -146,7 +146,8 @@ class MetaTrainer:
     def meta_step(self, batch: TaskBatch) -> float:
         """Lookup, inner loops, outer backward, one dense all-reduce, optimiser steps; returns the local loss."""
         ids, sup, qry = batch_tensors(batch)
-        table = self.embedding.lookup(ids)
+        peers = None if batch.peer_ids is None else [torch.from_numpy(p) for p in batch.peer_ids]
+        table = self.embedding.lookup(ids, peer_ids=peers)
         params = dense_params(self.model)
         losses = task_losses(self.model, params, table, sup, qry, self.maml)
         loss = losses.sum() / self.config.tasks_per_step
@@ -169,7 +170,7 @@ class MetaTrainer:
         self.restore()
         stats = TrainStats(rank=self.rank, world=self.world, start_step=self.step)
         loader = MetaLoader(self.store, cfg.tasks_per_step, self.rank, self.world, seed=cfg.seed,
-                            prefetch=cfg.prefetch)
+                            prefetch=cfg.prefetch, peer_ids=self.world > 1)
         per_epoch = len(loader)
         if per_epoch == 0:
             raise MetaError(f"{cfg.tasks}: {self.store.num_tasks} training tasks are fewer than --tasks-per-step "
