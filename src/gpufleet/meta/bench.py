@@ -137,10 +137,12 @@ def _accuracy(config: BenchConfig, tasks: Path, tmp: Path, log: Callable[[str], 
     model = tmp / "plain.pt"
     _launch(1, _train_args(plain_cfg, tasks, "gmeta", model, tmp / "plain.json", None), log)
     plain = LoadedModel.load(model)
-    out["plain"] = evaluate_model(plain, cold, MamlConfig(order="none")).to_json()
+    plain_wall = json.loads((tmp / "plain.json").read_text())["wall_s"]
+    out["plain"] = {**evaluate_model(plain, cold, MamlConfig(order="none")).to_json(), "train_wall_s": plain_wall}
     reference = LoadedModel.load(tmp / f"gmeta-{config.ranks[0]}.pt")
     out["plain_finetuned"] = evaluate_model(plain, cold, MamlConfig(order="first", inner_lr=reference.maml.inner_lr,
                                                                      inner_steps=reference.maml.inner_steps)).to_json()
+    out["plain_finetuned"]["train_wall_s"] = plain_wall
     return out
 
 
