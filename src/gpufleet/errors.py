@@ -32,3 +32,7 @@ class HealthError(GpufleetError):
 
 class MetaError(GpufleetError):
     """Interactions, task records or a meta-learning checkpoint cannot be read or used (bad row, missing column)."""
+
+
+class ServeError(GpufleetError):
+    """A model folder, adapter or serving request cannot be used (missing weights, unknown adapter, bad shape)."""

@@ -1,0 +1,215 @@
+"""LoRA adapters: read PEFT's format from disk, keep them in CPU memory, and stage the active ones in slots.
+
+A PEFT adapter folder holds ``adapter_config.json`` (r, lora_alpha, target_modules, ...) and
+``adapter_model.safetensors`` (``...layers.{i}.self_attn.q_proj.lora_A.weight`` [r, h_in] and ``lora_B.weight``
+[h_out, r]). ``AdapterCache`` keeps ``slots`` adapters resident on the device in stacked tensors
+(``a [slots, h_in, r_max]``, ``b [slots, r_max, h_out]`` per layer and projection), loads on demand and evicts
+the least recently used adapter that no running request holds; evicted adapters stay in CPU memory.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from gpufleet.errors import ServeError
+from gpufleet.serve.config import LlamaConfig
+from gpufleet.serve.model import PROJECTIONS
+from gpufleet.serve.protocol import UnknownAdapterError
+
+_KEY = re.compile(r"layers\.(\d+)\.(?:self_attn|mlp)\.(" + "|".join(PROJECTIONS)
+                  + r")\.lora_([AB])(?:\.[\w-]+)?\.weight$")
+_UNSUPPORTED = {"use_dora": "DoRA", "fan_in_fan_out": "fan_in_fan_out (Conv1D layers)"}
+
+
+@dataclass
+class LoRAAdapter:
+    """One adapter on the CPU: per (layer, projection) ``(A [h_in, r], B [r, h_out])`` with its scale folded in B."""
+
+    name: str
+    rank: int
+    weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.numel() * a.element_size() + b.numel() * b.element_size() for a, b in self.weights.values())
+
+
+def _scale(config: dict, module_key: str, rank: int) -> float:
+    alpha = config.get("alpha_pattern", {}).get(module_key, config.get("lora_alpha", rank))
+    return alpha / (rank ** 0.5) if config.get("use_rslora") else alpha / rank
+
+
+def load_peft_adapter(folder: str | Path, model_config: LlamaConfig, name: str | None = None) -> LoRAAdapter:
+    """Read a PEFT LoRA folder; check its shapes against the base model; fold each module's scale into B."""
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    cfg_path, weights_path = folder / "adapter_config.json", folder / "adapter_model.safetensors"
+    if not cfg_path.is_file() or not weights_path.is_file():
+        raise ServeError(f"{folder}: a PEFT adapter needs adapter_config.json and adapter_model.safetensors "
+                         "(save it with PeftModel.save_pretrained)")
+    config = json.loads(cfg_path.read_text())
+    if config.get("peft_type", "LORA") != "LORA":
+        raise ServeError(f"{cfg_path}: peft_type {config.get('peft_type')!r}; only LoRA adapters can be batched")
+    for key, what in _UNSUPPORTED.items():
+        if config.get(key):
+            raise ServeError(f"{cfg_path}: {what} is not supported by the batched LoRA kernels")
+    if config.get("bias", "none") != "none" or config.get("modules_to_save"):
+        raise ServeError(f"{cfg_path}: adapters that train biases or whole modules cannot share the base model")
+    tensors = load_file(str(weights_path))
+    parts: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
+    for key, tensor in tensors.items():
+        match = _KEY.search(key)
+        if match is None:
+            raise ServeError(f"{weights_path}: tensor {key!r} is not a LoRA weight of a Llama projection")
+        parts.setdefault((int(match[1]), match[2]), {})[match[3]] = tensor.float()
+    weights = {}
+    h, inter = model_config.hidden_size, model_config.intermediate_size
+    q_out, kv_out = model_config.num_attention_heads * model_config.head_size, \
+        model_config.num_key_value_heads * model_config.head_size
+    shapes = {"q_proj": (h, q_out), "k_proj": (h, kv_out), "v_proj": (h, kv_out), "o_proj": (q_out, h),
+              "gate_proj": (h, inter), "up_proj": (h, inter), "down_proj": (inter, h)}
+    rank = 0
+    for (layer, proj), ab in sorted(parts.items()):
+        if set(ab) != {"A", "B"} or layer >= model_config.num_hidden_layers:
+            raise ServeError(f"{weights_path}: layer {layer} {proj} has {sorted(ab)} (needs lora_A and lora_B "
+                             f"of a layer below {model_config.num_hidden_layers})")
+        a, b = ab["A"], ab["B"]
+        h_in, h_out = shapes[proj]
+        if a.shape[1] != h_in or b.shape[0] != h_out or a.shape[0] != b.shape[1]:
+            raise ServeError(f"{weights_path}: layer {layer} {proj}: A {tuple(a.shape)} / B {tuple(b.shape)} do not "
+                             f"fit the base model ({h_in} -> {h_out}); was it trained on another model?")
+        r = a.shape[0]
+        rank = max(rank, r)
+        scale = _scale(config, f"model.layers.{layer}.{'self_attn' if proj[0] in 'qkvo' else 'mlp'}.{proj}", r)
+        weights[(layer, proj)] = (a.t().contiguous(), (b.t() * scale).contiguous())
+    if not weights:
+        raise ServeError(f"{weights_path}: no LoRA weights found")
+    return LoRAAdapter(name=name or folder.name, rank=rank, weights=weights)
+
+
+class AdapterStore:
+    """Adapters by name: a folder of PEFT adapter folders (one per name), read from disk on first use."""
+
+    def __init__(self, model_config: LlamaConfig, folder: str | Path | None = None) -> None:
+        self.model_config = model_config
+        self.paths: dict[str, Path] = {}
+        self.loaded: dict[str, LoRAAdapter] = {}
+        if folder is not None:
+            root = Path(folder)
+            if not root.is_dir():
+                raise ServeError(f"--adapters {folder}: no such folder (one PEFT adapter folder per name)")
+            for sub in sorted(root.iterdir()):
+                if (sub / "adapter_config.json").is_file():
+                    self.paths[sub.name] = sub
+
+    def names(self) -> list[str]:
+        return sorted(set(self.paths) | set(self.loaded))
+
+    def max_rank(self) -> int:
+        """The largest rank among the adapters (read from adapter_config.json, without loading weights)."""
+        ranks = [a.rank for a in self.loaded.values()]
+        for name, path in self.paths.items():
+            if name not in self.loaded:
+                config = json.loads((path / "adapter_config.json").read_text())
+                ranks.append(max([int(config.get("r", 8)), *map(int, config.get("rank_pattern", {}).values())]))
+        return max(ranks, default=8)
+
+    def add(self, adapter: LoRAAdapter) -> None:
+        """Register an adapter built in memory (tests, benchmarks)."""
+        self.loaded[adapter.name] = adapter
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.paths or name in self.loaded
+
+    def get(self, name: str) -> LoRAAdapter:
+        if name not in self.loaded:
+            if name not in self.paths:
+                raise UnknownAdapterError(f"adapter {name!r} is not served here; GET /v1/models lists the adapters")
+            self.loaded[name] = load_peft_adapter(self.paths[name], self.model_config, name)
+        return self.loaded[name]
+
+
+class AdapterCache:
+    """``slots`` adapters resident in stacked device tensors; LRU eviction among adapters no request holds."""
+
+    def __init__(self, store: AdapterStore, slots: int = 32, max_rank: int | None = None,
+                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> None:
+        cfg = store.model_config
+        max_rank = max_rank or store.max_rank()
+        self.store, self.slots, self.max_rank = store, slots, max_rank
+        self.dtype, self.device = dtype, device
+        h, inter = cfg.hidden_size, cfg.intermediate_size
+        q_out, kv_out = cfg.num_attention_heads * cfg.head_size, cfg.num_key_value_heads * cfg.head_size
+        dims = {"q_proj": (h, q_out), "k_proj": (h, kv_out), "v_proj": (h, kv_out), "o_proj": (q_out, h),
+                "gate_proj": (h, inter), "up_proj": (h, inter), "down_proj": (inter, h)}
+        self._a = {(layer, p): torch.zeros(slots, dims[p][0], max_rank, dtype=dtype, device=device)
+                   for layer in range(cfg.num_hidden_layers) for p in PROJECTIONS}
+        self._b = {(layer, p): torch.zeros(slots, max_rank, dims[p][1], dtype=dtype, device=device)
+                   for layer in range(cfg.num_hidden_layers) for p in PROJECTIONS}
+        self.scales = torch.ones(slots, dtype=torch.float32, device=device)
+        self._slot_of: OrderedDict[str, int] = OrderedDict()  # LRU order: least recent first
+        self._holders: dict[str, int] = {}
+        self._targets: dict[tuple[int, str], int] = {}
+        self._free = list(range(slots - 1, -1, -1))
+        self.loads = 0
+        self.evictions = 0
+
+    def resident(self) -> list[str]:
+        return list(self._slot_of)
+
+    def can_acquire(self, name: str) -> bool:
+        """True when ``name`` is resident, a slot is free, or an unheld adapter can be evicted."""
+        return name in self._slot_of or bool(self._free) or any(self._holders.get(n, 0) == 0 for n in self._slot_of)
+
+    def acquire(self, name: str) -> int:
+        """The slot of ``name`` (loading it, evicting the least recently used unheld adapter if needed)."""
+        if name in self._slot_of:
+            self._slot_of.move_to_end(name)
+        else:
+            adapter = self.store.get(name)
+            if adapter.rank > self.max_rank:
+                raise ServeError(f"adapter {name!r} has rank {adapter.rank}, above this server's --max-rank "
+                                 f"{self.max_rank}")
+            slot = self._free.pop() if self._free else self._evict()
+            self._write(slot, adapter)
+            self._slot_of[name] = slot
+            self.loads += 1
+        self._holders[name] = self._holders.get(name, 0) + 1
+        return self._slot_of[name]
+
+    def release(self, name: str) -> None:
+        self._holders[name] -= 1
+
+    def _evict(self) -> int:
+        for name in self._slot_of:
+            if self._holders.get(name, 0) == 0:
+                slot = self._slot_of.pop(name)
+                self._clear(slot, self.store.get(name))
+                self.evictions += 1
+                return slot
+        raise ServeError("every adapter slot is held by a running request; raise --adapter-slots")
+
+    def _write(self, slot: int, adapter: LoRAAdapter) -> None:
+        for key, (a, b) in adapter.weights.items():
+            r = a.shape[1]
+            self._a[key][slot, :, :r] = a.to(self.dtype)
+            self._b[key][slot, :r, :] = b.to(self.dtype)
+            self._targets[key] = self._targets.get(key, 0) + 1
+
+    def _clear(self, slot: int, adapter: LoRAAdapter) -> None:
+        for key in adapter.weights:
+            self._a[key][slot].zero_()
+            self._b[key][slot].zero_()
+            self._targets[key] -= 1
+
+    def stacks(self, layer: int, proj: str) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The stacked weights of one projection, or None when no resident adapter touches it."""
+        key = (layer, proj)
+        return (self._a[key], self._b[key]) if self._targets.get(key, 0) else None
