@@ -55,9 +55,9 @@ class AsyncEngine:
                 item = await queue.get()
                 if isinstance(item, BaseException):
                     raise item
+                finished = item.finish_reason is not None
                 yield item
-                if item.finish_reason is not None:
-                    finished = True
+                if finished:
                     return
         finally:
             if not finished:  # the client went away or the consumer stopped early

@@ -104,4 +104,11 @@ SMALL_LLAMA = LlamaConfig(vocab_size=32000, hidden_size=512, intermediate_size=1
                           bos_token_id=256, eos_token_id=257)
 """A small random Llama for CPU benchmarks (about 55 M parameters, Llama-2 vocabulary size)."""
 
-NAMED_RANDOM_MODELS = {"tiny-llama-random": TINY_LLAMA, "small-llama-random": SMALL_LLAMA}
+WIDE_LLAMA = LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5504, num_hidden_layers=2,
+                         num_attention_heads=16, num_key_value_heads=8, max_position_embeddings=4096,
+                         bos_token_id=256, eos_token_id=257)
+"""Two layers of a 1B-class Llama (hidden 2048, Llama-2 vocabulary): rank-16 adapters weigh against the base
+weights as in real models (the ratio that decides LoRA's cost), at a depth a CPU benchmark can afford."""
+
+NAMED_RANDOM_MODELS = {"tiny-llama-random": TINY_LLAMA, "small-llama-random": SMALL_LLAMA,
+                       "wide-llama-random": WIDE_LLAMA}

@@ -127,7 +127,8 @@ class Engine:
     def state(self) -> dict[str, int]:
         """What a placement layer needs: batch size, free KV blocks, queue length."""
         return {"batch": len(self.running), "max_batch": self.config.max_batch, "waiting": len(self.waiting),
-                "free_blocks": self.kv.allocator.free, "block_size": self.config.block_size}
+                "free_blocks": self.kv.allocator.free, "total_blocks": self.kv.allocator.num_blocks,
+                "block_size": self.config.block_size}
 
     # ------------------------------------------------------------------------------------------ scheduling
     def _free(self, request: Request) -> None:
