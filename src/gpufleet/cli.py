@@ -19,6 +19,7 @@ from gpufleet.cli_console import err, out
 from gpufleet.cli_diagnose import diagnose_app
 from gpufleet.cli_health import health_app
 from gpufleet.cli_meta import meta_app
+from gpufleet.cli_serve import serve_app
 from gpufleet.errors import GpufleetError
 
 app = typer.Typer(
@@ -44,6 +45,7 @@ app.add_typer(perf_app, name="perf")
 app.add_typer(diagnose_app, name="diagnose")
 app.add_typer(health_app, name="health")
 app.add_typer(meta_app, name="meta")
+app.add_typer(serve_app, name="serve")
 
 
 

@@ -1,0 +1,159 @@
+"""``gpufleet serve``: thin command-line shells over :mod:`gpufleet.serve` (Punica-style multi-LoRA serving).
+
+``gpufleet serve --base DIR --adapters DIR`` starts the OpenAI-compatible server; ``gpufleet serve bench`` runs
+Punica's workload against the per-adapter and base-only baselines. torch, triton, fastapi and uvicorn are the
+``gpufleet[serve]`` extra and load inside the commands, so ``gpufleet serve --help`` stays light.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from gpufleet.cli_console import err, out
+from gpufleet.errors import ServeError
+
+serve_app = typer.Typer(
+    help="Serve many LoRA adapters of one base model from one GPU (Punica): requests for different adapters share "
+    "every forward pass.\n\n"
+    "`gpufleet serve --base ./llama-dir --adapters ./adapters/ --port 8000` starts an OpenAI-compatible server "
+    "(`/v1/completions`, `/v1/chat/completions`, `/v1/models`); the model name of a request picks its adapter. "
+    "`gpufleet serve bench` compares batched multi-adapter serving with one-adapter-at-a-time serving.",
+    rich_markup_mode="markdown",
+    invoke_without_command=True,
+)
+
+SERVE_HINT = "this command needs the serving extra: pip install 'gpufleet[serve]'"
+
+
+def _need_serve_extra() -> None:
+    try:
+        import fastapi  # noqa: F401
+        import torch  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as exc:
+        raise ServeError(f"{SERVE_HINT} ({exc.name} is missing)") from exc
+
+
+def _dtype(name: str) -> Any:
+    import torch
+
+    table = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
+             "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+    if name not in table:
+        raise ServeError(f"--dtype {name!r}: choose float32, float16 or bfloat16")
+    return table[name]
+
+
+@serve_app.callback()
+def serve(
+    ctx: typer.Context,
+    base: Annotated[str | None, typer.Option(help="Hugging Face model folder (config.json + safetensors), or a "
+                                                   "random shape: tiny-llama-random, small-llama-random, "
+                                                   "wide-llama-random")] = None,
+    adapters: Annotated[Path | None, typer.Option(help="folder of PEFT adapter folders; each folder's name is the "
+                                                       "model name clients ask for")] = None,
+    host: Annotated[str, typer.Option()] = "127.0.0.1",
+    port: Annotated[int, typer.Option()] = 8000,
+    instances: Annotated[int, typer.Option(help="engine processes behind Punica's placement front end")] = 1,
+    max_batch: Annotated[int, typer.Option(help="requests per forward pass")] = 32,
+    kv_blocks: Annotated[int, typer.Option(help="KV cache blocks of --block-size tokens")] = 2048,
+    block_size: Annotated[int, typer.Option()] = 16,
+    adapter_slots: Annotated[int, typer.Option(help="adapters resident on the device (LRU beyond)")] = 32,
+    max_waiting: Annotated[int, typer.Option(help="queued requests before 429 Too Many Requests")] = 1024,
+    dtype: Annotated[str, typer.Option(help="float32 (CPU default), float16 or bfloat16")] = "float32",
+    device: Annotated[str, typer.Option(help="cpu or cuda")] = "cpu",
+    lora_backend: Annotated[str, typer.Option(help="auto (triton on a GPU, else torch), torch or triton")] = "auto",
+) -> None:
+    """Start the OpenAI-compatible server (when no subcommand is given)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    if base is None:
+        out.print(ctx.get_help())
+        raise typer.Exit(0)
+    _need_serve_extra()
+    if instances > 1:
+        from gpufleet.serve.cluster import launch_cluster
+
+        launch_cluster(base=base, adapters=adapters, instances=instances, port=port, host=host,
+                       max_batch=max_batch, kv_blocks=kv_blocks, dtype=dtype, device=device)
+        return
+    from gpufleet.serve.async_engine import AsyncEngine
+    from gpufleet.serve.engine import EngineConfig
+    from gpufleet.serve.server import run_server
+
+    engine = _build_engine(base, adapters, EngineConfig(max_batch=max_batch, block_size=block_size,
+                                                        kv_blocks=kv_blocks, adapter_slots=adapter_slots,
+                                                        max_waiting=max_waiting, lora_backend=lora_backend),
+                           dtype, device)
+    err.print(f"serving {engine.name} with {len(engine.store.names())} adapter(s) on http://{host}:{port}/v1")
+    run_server(AsyncEngine(engine), host, port, model_name=engine.name)
+
+
+def _build_engine(base: str, adapters: Path | None, config: Any, dtype: str, device: str) -> Any:
+    from gpufleet.serve.adapters import AdapterStore
+    from gpufleet.serve.engine import Engine
+    from gpufleet.serve.tokenizer import load_tokenizer
+    from gpufleet.serve.weights import load_model
+
+    model = load_model(base, dtype=_dtype(dtype), device=device)
+    store = AdapterStore(model.config, adapters)
+    tokenizer = load_tokenizer(base, model.config.bos_token_id, model.config.eos_ids)
+    return Engine(model, store, config, tokenizer, name=Path(base).name)
+
+
+@serve_app.command("bench")
+def bench(
+    base: Annotated[str, typer.Option(help="model folder or random shape")] = "small-llama-random",
+    popularity: Annotated[str, typer.Option(help="distinct, uniform, skewed, identical, or a comma list")] = "distinct",
+    requests: Annotated[int, typer.Option(help="requests (in batches of 32)")] = 64,
+    rank: Annotated[int, typer.Option(help="LoRA rank of the random adapters")] = 16,
+    systems: Annotated[str, typer.Option(help="gpufleet, per_adapter, base_only")] = "gpufleet,per_adapter,base_only",
+    dtype: Annotated[str, typer.Option()] = "float32",
+    device: Annotated[str, typer.Option()] = "cpu",
+    lora_backend: Annotated[str, typer.Option()] = "auto",
+    seed: Annotated[int, typer.Option()] = 0xABCD,
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON (one object per popularity)")] = False,
+) -> None:
+    """Punica's workload (lognormal lengths, adapter popularity) served by gpufleet, one adapter at a time, and
+    the base model alone: throughput (prompt + generated tokens per second) and per-token latency."""
+    try:
+        import torch  # noqa: F401
+    except ImportError as exc:
+        raise ServeError(SERVE_HINT) from exc
+    from gpufleet.serve.bench import POPULARITIES, ServeBenchConfig, WorkloadConfig, run_serve_bench
+
+    pops = tuple(p.strip() for p in popularity.split(",") if p.strip())
+    unknown = [p for p in pops if p not in POPULARITIES]
+    if unknown:
+        raise ServeError(f"--popularity {', '.join(unknown)}: choose from {', '.join(POPULARITIES)}")
+    config = ServeBenchConfig(base=base, rank=rank, popularities=pops,
+                              systems=tuple(s.strip() for s in systems.split(",") if s.strip()),
+                              workload=WorkloadConfig(requests=requests, seed=seed), dtype=dtype, device=device,
+                              lora_backend=lora_backend)
+    results = run_serve_bench(config, log=lambda msg: err.print(f"[dim]{msg}[/]"))
+    if as_json:
+        print(json.dumps(results[0] if len(results) == 1 else results, indent=1))
+        return
+    print_serve_bench(results)
+
+
+def print_serve_bench(results: list[dict[str, Any]]) -> None:
+    """One row per popularity x system, with the ratios the bar is stated in."""
+    table = Table(title="multi-LoRA serving throughput (tokens/s = prompt + generated, as Punica counts)")
+    for col in ("popularity", "adapters", "system", "tokens/s", "p50 ms/token", "p99 ms/token", "× per-adapter",
+                "base-only ÷ this"):
+        table.add_column(col, justify="left" if col in ("popularity", "system") else "right")
+    for r in results:
+        s = r["systems"]
+        for name, row in s.items():
+            vs_per = row["tokens_per_s"] / s["per_adapter"]["tokens_per_s"] if "per_adapter" in s else float("nan")
+            vs_base = s["base_only"]["tokens_per_s"] / row["tokens_per_s"] if "base_only" in s else float("nan")
+            table.add_row(r["popularity"], str(r["adapters"]), name, f"{row['tokens_per_s']:.1f}",
+                          f"{row['p50_token_latency_ms']:.1f}", f"{row['p99_token_latency_ms']:.1f}",
+                          f"{vs_per:.2f}×", f"{vs_base:.2f}×")
+    out.print(table)
