@@ -123,6 +123,7 @@ def test_torch_bgmv_both_strategies(monkeypatch, rows, slots, grouped, sorts):
     """Few runs of equal ids are computed in place; many runs are first sorted by slot (Punica's regrouping)."""
     calls = []
     monkeypatch.setattr(lora_torch, "group_rows", lambda idx, _f=lora_torch.group_rows: calls.append(1) or _f(idx))
+    monkeypatch.setattr(lora_torch, "_padded_pays", lambda idx: False)  # the padded form has its own test
     x, y, a, b, scales = make_case(rows, 65, 70, 16, slots, torch.float32, seed=rows)
     idx = random_idx(rows, slots, seed=slots)
     if grouped:
@@ -130,6 +131,26 @@ def test_torch_bgmv_both_strategies(monkeypatch, rows, slots, grouped, sorts):
     out = get_lora_ops("torch").add_lora(y.clone(), x, a, b, scales, idx=idx)
     assert_close(out, oracle_add_lora(y, x, a, b, scales, idx), torch.float32)
     assert bool(calls) == sorts
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize(("rows", "slots", "expect_padded"), [(32, 32, True), (32, 6, True), (40, 8, True),
+                                                               (32, 1, False), (9, 3, False)])
+def test_torch_padded_form_for_many_adapters(monkeypatch, dtype, rows, slots, expect_padded):
+    """Many adapters with few rows each run as one padded bmm pair over the slots in use; same result."""
+    calls = []
+    real = lora_torch._add_lora_padded
+    monkeypatch.setattr(lora_torch, "_add_lora_padded", lambda *a: calls.append(1) or real(*a))
+    x, y, a, b, scales = make_case(rows, 129, 37, 16, slots + 3, dtype, seed=rows + slots)
+    if slots == rows:  # Distinct: every row its own adapter
+        idx = torch.randperm(rows, generator=torch.Generator().manual_seed(1))
+    else:
+        idx = torch.arange(rows) % slots
+    idx = idx + 2  # slots 2 .. slots+1: a range that does not start at 0
+    idx[::7] = -1
+    out = get_lora_ops("torch").add_lora(y.clone(), x, a, b, scales, idx=idx)
+    assert_close(out, oracle_add_lora(y, x, a, b, scales, idx), dtype)
+    assert bool(calls) == expect_padded
 
 
 SEGMENT_CASES = {
