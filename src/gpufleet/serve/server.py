@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 import anyio
 from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -452,6 +453,14 @@ def create_app(backend: GenerationBackend, *, model_name: str | None = None,
     @app.get("/v1/models")
     async def list_models() -> dict[str, Any]:
         return server.models().model_dump()
+
+    @app.get("/v1/state")
+    async def backend_state() -> Any:
+        """The backend's ``state()`` (batch, KV blocks ...) for a placement front end; 404 if it reports none."""
+        report = getattr(server.backend, "state", None)
+        if not callable(report):
+            raise ApiError(404, "this backend reports no state", code="no_state")
+        return jsonable_encoder(await anyio.to_thread.run_sync(report))  # state() may wait on the engine's lock
 
     @app.post("/v1/completions", response_model=None)
     async def completions(body: CompletionRequest, request: Request) -> Any:
