@@ -80,7 +80,8 @@ def serve(
         from gpufleet.serve.cluster import launch_cluster
 
         launch_cluster(base=base, adapters=adapters, instances=instances, port=port, host=host,
-                       max_batch=max_batch, kv_blocks=kv_blocks, dtype=dtype, device=device)
+                       max_batch=max_batch, kv_blocks=kv_blocks, block_size=block_size, adapter_slots=adapter_slots,
+                       max_waiting=max_waiting, dtype=dtype, device=device, lora_backend=lora_backend)
         return
     from gpufleet.serve.async_engine import AsyncEngine
     from gpufleet.serve.engine import EngineConfig
