@@ -230,9 +230,14 @@ class Engine:
         row = torch.tensor(row_slots, dtype=torch.long, device=dev)
         prefill_rows = len(tokens) - len(decodes)
         seg_indptr, seg_lora = self.ops.segments_from_indices(row[:prefill_rows])
+        plan = None
+        if decodes and self.device.type == "cpu":  # the torch backend: plan the decode rows' layout once
+            from gpufleet.serve.ops.lora_torch import padded_plan
+
+            plan = padded_plan(row[prefill_rows:])
         lora = LoRABatch(stacks=self.adapters.stacks, scales=self.adapters.scales, row_slots=row,
                          seg_indptr=seg_indptr, seg_lora=seg_lora, ops=self.ops,
-                         any_adapter=bool((row >= 0).any()))
+                         any_adapter=bool((row >= 0).any()), decode_plan=plan)
         return batch, lora
 
     def _advance(self, request: Request, token: int) -> GenerationChunk:

@@ -38,6 +38,7 @@ class LoRABatch:
     seg_lora: torch.Tensor
     ops: object
     any_adapter: bool
+    decode_plan: object = None  # a per-step padded layout of the decode rows (torch backend on CPU), or None
 
 
 @dataclass
@@ -154,7 +155,11 @@ class LlamaLoRAForCausalLM(nn.Module):
         if prefill_rows:  # prompt rows: segments (one adapter per run of rows)
             lora.ops.add_lora(y[:prefill_rows], x[:prefill_rows], a, b, lora.scales,
                               seg_indptr=lora.seg_indptr, seg_lora=lora.seg_lora)
-        if prefill_rows < x.shape[0]:  # decode rows: one adapter index per row
+        if prefill_rows < x.shape[0] and lora.decode_plan is not None:  # decode rows, layout planned once per step
+            from gpufleet.serve.ops.lora_torch import add_lora_planned
+
+            add_lora_planned(y[prefill_rows:], x[prefill_rows:], a, b, lora.scales, lora.decode_plan)
+        elif prefill_rows < x.shape[0]:  # decode rows: one adapter index per row
             lora.ops.add_lora(y[prefill_rows:], x[prefill_rows:], a, b, lora.scales,
                               idx=lora.row_slots[prefill_rows:])
         return y

@@ -196,27 +196,55 @@ def _padded_pays(idx: torch.Tensor) -> bool:
     return adapters >= _PADDED_MIN_ADAPTERS and counts.numel() * int(counts.max()) <= _PADDED_MAX_WASTE * used.numel()
 
 
-def _add_lora_padded(y: torch.Tensor, x: torch.Tensor, a_stack: torch.Tensor, b_stack: torch.Tensor,
-                     scales: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    """y[i] += scale · (x[i] @ A[idx[i]]) @ B[idx[i]] through one bmm pair over the slots in use (fp32 inside)."""
+@dataclass(frozen=True)
+class PaddedPlan:
+    """The slot-major padded layout of a batch's rows, worked out once per engine step and reused by every
+    projection of every layer (the rows' adapters do not change within a step)."""
+
+    rows: torch.Tensor  # rows with an adapter, sorted by slot
+    slot: torch.Tensor  # their slot minus ``lo``
+    pos: torch.Tensor  # their position within their slot's group
+    lo: int
+    span: int
+    width: int
+
+
+def padded_plan(idx: torch.Tensor) -> PaddedPlan | None:
+    """The padded layout of ``idx``, or None when the per-adapter loop is the better form."""
+    if not _padded_pays(idx):
+        return None
     rows = (idx >= 0).nonzero().squeeze(1)
     slot = idx[rows]
     lo = int(slot.min())
     order = torch.argsort(slot, stable=True)
     rows, slot = rows[order], slot[order] - lo
     counts = torch.bincount(slot)
-    span, width = counts.numel(), int(counts.max())
     starts = torch.cumsum(counts, 0) - counts
-    pos = torch.arange(rows.numel(), device=x.device) - torch.repeat_interleave(starts, counts)
-    xp = torch.zeros(span, width, x.shape[1], dtype=torch.float32, device=x.device)
-    xp[slot, pos] = _f32(x[rows])
+    pos = torch.arange(rows.numel(), device=idx.device) - torch.repeat_interleave(starts, counts)
+    return PaddedPlan(rows, slot, pos, lo, counts.numel(), int(counts.max()))
+
+
+def add_lora_planned(y: torch.Tensor, x: torch.Tensor, a_stack: torch.Tensor, b_stack: torch.Tensor,
+                     scales: torch.Tensor, plan: PaddedPlan) -> torch.Tensor:
+    """y[i] += scale · (x[i] @ A[slot]) @ B[slot] through one bmm pair over the slots in use (fp32 inside)."""
+    lo, span = plan.lo, plan.span
+    xp = torch.zeros(span, plan.width, x.shape[1], dtype=torch.float32, device=x.device)
+    xp[plan.slot, plan.pos] = _f32(x[plan.rows])
     v = torch.bmm(xp, _f32(a_stack[lo:lo + span]))
     v.mul_(_f32(scales[lo:lo + span]).view(-1, 1, 1))
-    delta = torch.bmm(v, _f32(b_stack[lo:lo + span]))[slot, pos]
+    delta = torch.bmm(v, _f32(b_stack[lo:lo + span]))[plan.slot, plan.pos]
     if y.dtype == torch.float32:
-        return y.index_add_(0, rows, delta)
-    y[rows] += delta.to(y.dtype) if y.dtype != delta.dtype else delta
+        return y.index_add_(0, plan.rows, delta)
+    y[plan.rows] += delta.to(y.dtype)
     return y
+
+
+def _add_lora_padded(y: torch.Tensor, x: torch.Tensor, a_stack: torch.Tensor, b_stack: torch.Tensor,
+                     scales: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """The padded form with its layout worked out for this call."""
+    plan = padded_plan(idx)
+    assert plan is not None
+    return add_lora_planned(y, x, a_stack, b_stack, scales, plan)
 
 
 # ---------------------------------------------------------------------------------------------------- API
