@@ -140,7 +140,9 @@ def simulate(
         "(e.g. reclaim=random) applies to every chosen policy that has that option.")] = None,
     inference: Annotated[str | None, typer.Option(
         help="Inference load on the cluster's inference pool: 'genai' (the bundled Alibaba GenAI trace, the "
-        "default when the cluster has an inference pool), 'diurnal', 'none', or a CSV time,servers_needed. "
+        "default when the cluster has an inference pool), 'diurnal', 'none', a CSV time,servers_needed, or "
+        "'punica[:genai|diurnal]' / 'punica-per-adapter[:...]': LoRA traffic of that shape served by batched "
+        "multi-adapter serving or one adapter at a time (gpufleet serve's capacity model). "
         "Aryl loans the idle servers to training.")] = None,
     elastic_share: Annotated[float, typer.Option(
         help="Share of jobs made elastic (Aryl policies) when the trace has no min_workers/max_workers "
@@ -330,7 +332,23 @@ def _inference_for(spec: Any, source: str | None, jobs: Any) -> Any:
     from gpufleet.traces.inference import load_inference
 
     span = float(jobs["submit_s"].max()) + 60 * 86400.0 if jobs.height else 86400.0
+    kind, _, profile = (source or "").partition(":")
+    if kind in ("punica", "punica-per-adapter"):
+        return _punica_load(spec, kind, profile or "genai", pool_servers, span)
     return load_inference(source or "genai", pool_servers=pool_servers, until_s=span)
+
+
+def _punica_load(spec: Any, kind: str, profile: str, pool_servers: int, span: float) -> Any:
+    """Servers needed to serve LoRA traffic of ``profile``'s shape on the inference pool, batched across adapters
+    (``punica``) or one adapter at a time (``punica-per-adapter``); both see the same request rate (the rate at
+    which per-adapter serving fills the pool at its peak), so their difference is what batching frees for loaning."""
+    from gpufleet.serve.capacity import LoRAServingModel, lora_inference_load
+
+    pool = spec.inference_pools[0]
+    serving = LoRAServingModel(gpu=pool.gpu, model="llama3.2-3b")
+    system = "gpufleet" if kind == "punica" else "per_adapter"
+    return lora_inference_load(profile, pool_servers=pool_servers, until_s=span, serving=serving, system=system,
+                               gpus_per_server=pool.gpus_per_node)
 
 
 def _print_breakdown(results: list, by: str) -> None:

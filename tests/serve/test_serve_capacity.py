@@ -118,3 +118,24 @@ def test_genai_profile_is_the_default_shape():
     load = lora_inference_load(pool_servers=96, until_s=86400, serving=LoRAServingModel(gpu="a100-80g"))
     assert load.name == "gpufleet:genai" and load.pool_servers == 96
     assert load.servers.min() >= 0 and load.servers.max() <= 96
+
+
+def test_simulate_inference_sources_batching_frees_servers():
+    """`--inference punica` against `punica-per-adapter` on the default cluster: same traffic, fewer servers."""
+    import numpy as np
+
+    from gpufleet import cli
+    from gpufleet.spec import load_cluster
+
+    spec = load_cluster(None)
+    pool = sum(p.nodes for p in spec.inference_pools)
+    batched = cli._punica_load(spec, "punica", "diurnal", pool, 3 * 86400.0)
+    single = cli._punica_load(spec, "punica-per-adapter", "diurnal", pool, 3 * 86400.0)
+    grid = np.linspace(0, 3 * 86400.0 - 1, 500)
+
+    def needed(load):
+        return load.servers[np.searchsorted(load.time_s, grid, side="right") - 1]
+
+    assert (needed(batched) <= needed(single)).all()
+    assert needed(batched).mean() < 0.8 * needed(single).mean()
+    assert needed(single).max() <= pool
