@@ -39,16 +39,6 @@ def _need_serve_extra() -> None:
         raise ServeError(f"{SERVE_HINT} ({exc.name} is missing)") from exc
 
 
-def _dtype(name: str) -> Any:
-    import torch
-
-    table = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
-             "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
-    if name not in table:
-        raise ServeError(f"--dtype {name!r}: choose float32, float16 or bfloat16")
-    return table[name]
-
-
 @serve_app.callback()
 def serve(
     ctx: typer.Context,
@@ -84,27 +74,15 @@ def serve(
                        max_waiting=max_waiting, dtype=dtype, device=device, lora_backend=lora_backend)
         return
     from gpufleet.serve.async_engine import AsyncEngine
-    from gpufleet.serve.engine import EngineConfig
+    from gpufleet.serve.cluster import WorkerOptions, build_engine
     from gpufleet.serve.server import run_server
 
-    engine = _build_engine(base, adapters, EngineConfig(max_batch=max_batch, block_size=block_size,
-                                                        kv_blocks=kv_blocks, adapter_slots=adapter_slots,
-                                                        max_waiting=max_waiting, lora_backend=lora_backend),
-                           dtype, device)
+    engine = build_engine(WorkerOptions(base=base, adapters=None if adapters is None else str(adapters),
+                                        max_batch=max_batch, kv_blocks=kv_blocks, block_size=block_size,
+                                        adapter_slots=adapter_slots, max_waiting=max_waiting, dtype=dtype,
+                                        device=device, lora_backend=lora_backend))
     err.print(f"serving {engine.name} with {len(engine.store.names())} adapter(s) on http://{host}:{port}/v1")
     run_server(AsyncEngine(engine), host, port, model_name=engine.name)
-
-
-def _build_engine(base: str, adapters: Path | None, config: Any, dtype: str, device: str) -> Any:
-    from gpufleet.serve.adapters import AdapterStore
-    from gpufleet.serve.engine import Engine
-    from gpufleet.serve.tokenizer import load_tokenizer
-    from gpufleet.serve.weights import load_model
-
-    model = load_model(base, dtype=_dtype(dtype), device=device)
-    store = AdapterStore(model.config, adapters)
-    tokenizer = load_tokenizer(base, model.config.bos_token_id, model.config.eos_ids)
-    return Engine(model, store, config, tokenizer, name=Path(base).name)
 
 
 @serve_app.command("bench")

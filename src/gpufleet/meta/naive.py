@@ -98,10 +98,7 @@ class NaiveTrainer(MetaTrainer):
                 stats.steps += 1
                 stats.tasks += len(tasks)
                 stats.samples += sum(len(sup[2]) + len(qry[2]) for sup, qry in tasks)
-        stats.wall_s = time.perf_counter() - start
-        stats.comm = self.timer.as_dict()
-        stats.comm_s = self.timer.total_seconds
-        stats.compute_s = max(0.0, stats.wall_s - stats.comm_s - stats.data_wait_s)
+        self._close_stats(stats, start)
         return stats
 
     def _naive_step(self, tasks: list[tuple[tuple[torch.Tensor, ...], ...]], slots: int) -> float:
@@ -125,10 +122,7 @@ class NaiveTrainer(MetaTrainer):
                 acc += g
         for p, g in zip(tensors, total, strict=True):
             p.grad = g
-        self.optimizer.step()
-        self.embedding.step(self.config.emb_lr)
-        self.optimizer.zero_grad(set_to_none=True)
-        self.embedding.zero_grad()
+        self._apply_updates()
         return loss_sum
 
 

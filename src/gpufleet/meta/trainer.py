@@ -158,11 +158,22 @@ class MetaTrainer:
                 p.grad = torch.zeros_like(p)
             grads.append(p.grad)
         all_reduce_sum_(grads)
+        self._apply_updates()
+        return float(loss.detach())
+
+    def _apply_updates(self) -> None:
+        """Adam on the dense layers, row-sparse Adagrad on this rank's embedding rows, then clear the gradients."""
         self.optimizer.step()
         self.embedding.step(self.config.emb_lr)
         self.optimizer.zero_grad(set_to_none=True)
         self.embedding.zero_grad()
-        return float(loss.detach())
+
+    def _close_stats(self, stats: TrainStats, start: float) -> None:
+        """Wall time since ``start`` and its split into communication, data wait and compute."""
+        stats.wall_s = time.perf_counter() - start
+        stats.comm = self.timer.as_dict()
+        stats.comm_s = self.timer.total_seconds
+        stats.compute_s = max(0.0, stats.wall_s - stats.comm_s - stats.data_wait_s)
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> TrainStats:
@@ -184,10 +195,7 @@ class MetaTrainer:
             loader.set_epoch(epoch)
             if not self._run_epoch(loader, skip, total, stats, bar):
                 break
-        stats.wall_s = time.perf_counter() - start
-        stats.comm = self.timer.as_dict()
-        stats.comm_s = self.timer.total_seconds
-        stats.compute_s = max(0.0, stats.wall_s - stats.comm_s - stats.data_wait_s)
+        self._close_stats(stats, start)
         if bar is not None:
             bar.close()
         self.save()

@@ -70,11 +70,7 @@ def load_peft_adapter(folder: str | Path, model_config: LlamaConfig, name: str |
             raise ServeError(f"{weights_path}: tensor {key!r} is not a LoRA weight of a Llama projection")
         parts.setdefault((int(match[1]), match[2]), {})[match[3]] = tensor.float()
     weights = {}
-    h, inter = model_config.hidden_size, model_config.intermediate_size
-    q_out, kv_out = model_config.num_attention_heads * model_config.head_size, \
-        model_config.num_key_value_heads * model_config.head_size
-    shapes = {"q_proj": (h, q_out), "k_proj": (h, kv_out), "v_proj": (h, kv_out), "o_proj": (q_out, h),
-              "gate_proj": (h, inter), "up_proj": (h, inter), "down_proj": (inter, h)}
+    shapes = model_config.projection_shapes()
     rank = 0
     for (layer, proj), ab in sorted(parts.items()):
         if set(ab) != {"A", "B"} or layer >= model_config.num_hidden_layers:
@@ -145,10 +141,7 @@ class AdapterCache:
         max_rank = max_rank or store.max_rank()
         self.store, self.slots, self.max_rank = store, slots, max_rank
         self.dtype, self.device = dtype, device
-        h, inter = cfg.hidden_size, cfg.intermediate_size
-        q_out, kv_out = cfg.num_attention_heads * cfg.head_size, cfg.num_key_value_heads * cfg.head_size
-        dims = {"q_proj": (h, q_out), "k_proj": (h, kv_out), "v_proj": (h, kv_out), "o_proj": (q_out, h),
-                "gate_proj": (h, inter), "up_proj": (h, inter), "down_proj": (inter, h)}
+        dims = cfg.projection_shapes()
         self._a = {(layer, p): torch.zeros(slots, dims[p][0], max_rank, dtype=dtype, device=device)
                    for layer in range(cfg.num_hidden_layers) for p in PROJECTIONS}
         self._b = {(layer, p): torch.zeros(slots, max_rank, dims[p][1], dtype=dtype, device=device)

@@ -99,10 +99,7 @@ def make_workload(config: WorkloadConfig, popularity: str, vocab: int) -> list[B
 def random_adapters(config: LlamaConfig, names: list[str], rank: int, seed: int = 0) -> list[LoRAAdapter]:
     """Rank-``rank`` adapters on all seven projections, random weights (as Punica's benchmark builds them)."""
     gen = torch.Generator().manual_seed(seed)
-    h, inter = config.hidden_size, config.intermediate_size
-    q_out, kv_out = config.num_attention_heads * config.head_size, config.num_key_value_heads * config.head_size
-    dims = {"q_proj": (h, q_out), "k_proj": (h, kv_out), "v_proj": (h, kv_out), "o_proj": (q_out, h),
-            "gate_proj": (h, inter), "up_proj": (h, inter), "down_proj": (inter, h)}
+    dims = config.projection_shapes()
     out = []
     for name in names:
         weights = {(layer, p): (torch.randn(dims[p][0], rank, generator=gen) * 0.02,

@@ -139,19 +139,11 @@ class ModelCosts:
     kv_bytes_per_token: float
 
 
-def _projection_dims(model: LlamaConfig) -> dict[str, tuple[int, int]]:
-    """(in, out) features of each projection of one layer."""
-    h, inter = model.hidden_size, model.intermediate_size
-    q_out, kv_out = model.num_attention_heads * model.head_size, model.num_key_value_heads * model.head_size
-    return {"q_proj": (h, q_out), "k_proj": (h, kv_out), "v_proj": (h, kv_out), "o_proj": (q_out, h),
-            "gate_proj": (h, inter), "up_proj": (h, inter), "down_proj": (inter, h)}
-
-
 def model_costs(model: LlamaConfig, rank: int, dtype_bytes: int = 2) -> ModelCosts:
     """The roofline's inputs for ``model`` with rank-``rank`` LoRA on all seven projections."""
     if rank < 1:
         raise ServeError(f"the LoRA rank must be at least 1, got {rank!r}")
-    dims = _projection_dims(model).values()
+    dims = model.projection_shapes().values()
     layers = model.num_hidden_layers
     linear = layers * sum(i * o for i, o in dims) + model.vocab_size * model.hidden_size
     embedding = 0 if model.tie_word_embeddings else model.vocab_size * model.hidden_size

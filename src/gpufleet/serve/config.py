@@ -46,6 +46,13 @@ class LlamaConfig:
             return ()
         return tuple(self.eos_token_id) if isinstance(self.eos_token_id, list) else (self.eos_token_id,)
 
+    def projection_shapes(self) -> dict[str, tuple[int, int]]:
+        """(in, out) features of each of a layer's seven projections, by Hugging Face module name."""
+        h, inter = self.hidden_size, self.intermediate_size
+        q_out, kv_out = self.num_attention_heads * self.head_size, self.num_key_value_heads * self.head_size
+        return {"q_proj": (h, q_out), "k_proj": (h, kv_out), "v_proj": (h, kv_out), "o_proj": (q_out, h),
+                "gate_proj": (h, inter), "up_proj": (h, inter), "down_proj": (inter, h)}
+
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         """Bytes of K and V that one token occupies over all layers."""
         return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_size * dtype_bytes
