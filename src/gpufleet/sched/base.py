@@ -16,6 +16,7 @@ from gpufleet.errors import ConfigError
 
 if TYPE_CHECKING:
     from gpufleet.sim.engine import Simulator
+    from gpufleet.sim.partition import Allocation, Partition
 
 
 class Policy:
@@ -71,6 +72,16 @@ class Policy:
         """Whether a running job with ``victim_key`` gives way to a waiting job with ``waiting_key``."""
         return victim_key > waiting_key
 
+    # -- placement -------------------------------------------------------------------------------
+    def place(self, j: int, p: int, part: Partition) -> Allocation | None:
+        """GPUs for job ``j`` on partition ``p`` (taken from ``part``), or None to leave it waiting.
+
+        The default is the run's placement setting (fewest nodes with best fit, or spread); network-aware
+        policies override it to choose among candidate node sets.
+        """
+        cfg = self.sim.config  # type: ignore[union-attr]
+        return part.allocate(self.sim.gpus[j], cfg.placement, cfg.strict_placement)  # type: ignore[union-attr]
+
     # -- hooks -----------------------------------------------------------------------------------
     def on_start(self, j: int, now: float) -> None:
         """Called after job ``j`` starts (or restarts)."""
@@ -99,7 +110,7 @@ def register(cls: type[Policy]) -> type[Policy]:
 
 def _load_builtin() -> None:
     # importing the modules runs their @register decorators
-    from gpufleet.sched import aryl, fifo, las, sjf, srtf, tiresias  # noqa: F401
+    from gpufleet.sched import aryl, fifo, las, netaware, rl, sjf, srtf, tiresias  # noqa: F401
 
 
 def available_policies() -> dict[str, type[Policy]]:

@@ -26,6 +26,8 @@ class SimConfig:
     restart_s: float = 60.0
     debug: bool = False
     progress: bool = False
+    #: model network contention between multi-node jobs (gpufleet.sim.network); speeds then replace the penalty
+    network: bool = False
 
     def __post_init__(self) -> None:
         if self.placement not in PLACEMENTS:

@@ -13,7 +13,7 @@ import heapq
 import math
 import time
 from array import array
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import polars as pl
@@ -26,6 +26,9 @@ from gpufleet.sim.partition import Allocation, Partition
 from gpufleet.sim.result import SimResult
 from gpufleet.sim.workload import Workload
 
+if TYPE_CHECKING:
+    from gpufleet.sim.network import NetworkState
+
 _INF = math.inf
 # event kinds; at equal times completions go first (they free GPUs), then timers, then wakeups
 _COMPLETE, _TIMER, _WAKEUP, _UNPROTECT = 0, 1, 2, 3
@@ -37,7 +40,8 @@ class Simulator:
     """One run of one policy over one workload on one cluster; call :meth:`run` once."""
 
     def __init__(self, workload: Workload, partitions: list[Partition], policy: Policy,
-                 config: SimConfig | None = None, outages: OutagePlan | None = None) -> None:
+                 config: SimConfig | None = None, outages: OutagePlan | None = None,
+                 network: NetworkState | None = None) -> None:
         self.workload = workload
         self.parts = partitions
         self.policy = policy
@@ -57,6 +61,9 @@ class Simulator:
         self.seg_start = [0.0] * n
         self.seg_over = [0.0] * n  # restore time at the start of the segment
         self.seg_speed = [1.0] * n
+        # progress sub-segment: a running job's speed changes when the network contention on its links does
+        self.pseg_start = [0.0] * n
+        self.pseg_base = [0.0] * n
         self.expected_finish = [_INF] * n
         # a resumed job cannot be preempted again before it has restored and passed its next checkpoint:
         # without this, a preemptive policy with restore costs or lossy checkpoints can livelock
@@ -92,6 +99,7 @@ class Simulator:
         self._running: list[dict[int, None]] = [{} for _ in partitions]
         self.busy = 0
         self.n_waiting = 0
+        self.waiting_gpus = 0  # GPUs the waiting jobs ask for
         self.n_running = 0
         self.total_gpus = sum(p.total for p in partitions)
         self._wakeup_seq = -1
@@ -109,6 +117,9 @@ class Simulator:
         self._penalty: dict[int, float] = {}  # extra restore time of a job's next start (a drain's checkpoint)
         self._out_stats = {"job_interruptions": 0, "lost_failures_gpu_s": 0.0, "drain_moves": 0,
                            "drain_cost_gpu_s": 0.0}
+        # network contention between multi-node jobs (gpufleet.sim.network); None: jobs run at placement speed
+        self.network = network
+        self._contention_gpu_s = 0.0
         policy.bind(self)
 
     # ------------------------------------------------------------------ setup
@@ -145,10 +156,9 @@ class Simulator:
 
     def progress_now(self, j: int, now: float) -> float:
         """Work done by running job ``j`` in its current segment."""
-        p = (now - self.seg_start[j] - self.seg_over[j]) * self.seg_speed[j]
-        if p <= 0.0:
-            return 0.0
-        return min(p, self.remaining[j])
+        p = (now - self.pseg_start[j] - self.seg_over[j]) * self.seg_speed[j]
+        p = self.pseg_base[j] + (p if p > 0.0 else 0.0)
+        return p if p < self.remaining[j] else self.remaining[j]
 
     def add_timer(self, when: float, j: int, tag: int) -> None:
         """Call ``policy.on_timer(j, tag, when)`` at ``when`` unless ``j`` starts or stops first."""
@@ -212,6 +222,7 @@ class Simulator:
         t = self.workload.gpu_type[j]
         self._class_of[j] = (0 if t is None else 1 + self._allowed[j][0], self.gpus[j])
         self.n_waiting += 1
+        self.waiting_gpus += self.gpus[j]
         self._push_waiting(j)
 
     def _start(self, j: int, p: int, alloc: Allocation, now: float) -> None:
@@ -219,15 +230,23 @@ class Simulator:
         g = self.gpus[j]
         self._wver[j] += 1
         self.n_waiting -= 1
+        self.waiting_gpus -= g
         self.state[j] = RUNNING
         self.alloc[j] = alloc
         self.part_of[j] = p
-        speed = 1.0 if len(alloc) <= part.ideal_nodes(g) else 1.0 - self.config.placement_penalty
+        net = self.network
+        if net is not None:
+            touched = net.attach(j, p, alloc)
+            speed = net.speed(j)
+        else:
+            speed = 1.0 if len(alloc) <= part.ideal_nodes(g) else 1.0 - self.config.placement_penalty
         resumed = self.restarts[j]
         over = self.config.restart_s if resumed else 0.0
         if self._penalty:
             over += self._penalty.pop(j, 0.0)
         self.seg_start[j] = now
+        self.pseg_start[j] = now
+        self.pseg_base[j] = 0.0
         self.seg_over[j] = over
         self.seg_speed[j] = speed
         if self.first_start[j] != self.first_start[j]:  # NaN: first start
@@ -254,10 +273,18 @@ class Simulator:
         self.n_running += 1
         self.token[j] += 1
         self.policy.on_start(j, now)
+        if net is not None:
+            for k in touched:
+                self._resegment(k, now)
 
     def _stop_segment(self, j: int, now: float) -> float:
         """Close the running segment of ``j`` at ``now``; returns the progress it made."""
         prog = self.progress_now(j, now)
+        net = self.network
+        touched = ()
+        if net is not None:
+            self._contention_gpu_s += net.lost(j) * (now - self.pseg_start[j]) * self.gpus[j]
+            touched = net.detach(j)
         held = now - self.seg_start[j]
         self.held_s[j] += held
         self.attained[j] += held * self.gpus[j]
@@ -272,7 +299,34 @@ class Simulator:
         self._churn += self.gpus[j]
         self.n_running -= 1
         self.token[j] += 1
+        for k in touched:
+            self._resegment(k, now)
         return prog
+
+    def _resegment(self, k: int, now: float) -> None:
+        """Running job ``k``'s contention changed at ``now``: bank its progress and go on at the new speed."""
+        net = self.network
+        lost = net.lost(k)  # type: ignore[union-attr]  # the loss up to now, before the new ratio applies
+        new = net.speed(k)  # type: ignore[union-attr]
+        if new == self.seg_speed[k]:
+            net.commit(k)  # type: ignore[union-attr]
+            return
+        self._contention_gpu_s += lost * (now - self.pseg_start[k]) * self.gpus[k]
+        net.commit(k)  # type: ignore[union-attr]
+        base = self.progress_now(k, now)
+        over = self.seg_over[k] - (now - self.pseg_start[k])
+        over = over if over > 0.0 else 0.0
+        self.pseg_start[k] = now
+        self.pseg_base[k] = base
+        self.seg_over[k] = over
+        self.seg_speed[k] = new
+        fin = now + over + (self.remaining[k] - base) / new
+        self.expected_finish[k] = fin
+        self._ver[k] += 1
+        self._seq += 1
+        heapq.heappush(self._events, (fin, _COMPLETE, self._seq, k, self._ver[k]))
+        if self.policy.preemptive and not self.policy.scan_running:
+            self._push_running(k)
 
     def _preempt(self, j: int, now: float) -> None:
         prog = self._stop_segment(j, now)
@@ -287,6 +341,7 @@ class Simulator:
         self.restarts[j] += 1
         self.state[j] = WAITING
         self.n_waiting += 1
+        self.waiting_gpus += self.gpus[j]
         self._push_waiting(j)
         self.policy.on_preempt(j, now)
 
@@ -316,6 +371,7 @@ class Simulator:
         self.restarts[j] += 1
         self.state[j] = WAITING
         self.n_waiting += 1
+        self.waiting_gpus += self.gpus[j]
         self._push_waiting(j)
         self.policy.on_preempt(j, now)
 
@@ -355,10 +411,9 @@ class Simulator:
 
     # ------------------------------------------------------------------ scheduling pass
     def _try_place(self, j: int) -> bool:
-        g = self.gpus[j]
-        cfg = self.config
+        place = self.policy.place
         for p in self._allowed[j]:
-            alloc = self.parts[p].allocate(g, cfg.placement, cfg.strict_placement)
+            alloc = place(j, p, self.parts[p])
             if alloc is not None:
                 self._start(j, p, alloc, self.now)
                 return True
@@ -439,13 +494,13 @@ class Simulator:
             self._unshelve(p)
             for v, _ in chosen:
                 self._preempt(v, now)
-            alloc = part.allocate(g, cfg.placement, cfg.strict_placement)
-            while alloc is None:  # strict placement: free more until a compact placement exists
+            alloc = self.policy.place(j, p, part)
+            while alloc is None and cfg.strict_placement:  # free more until a compact placement exists
                 extra = next(gen, None)
                 if extra is None:
                     break
                 self._preempt(extra[0], now)
-                alloc = part.allocate(g, cfg.placement, cfg.strict_placement)
+                alloc = self.policy.place(j, p, part)
             self._unshelve(p)
             if alloc is not None:
                 self._start(j, p, alloc, now)
@@ -669,6 +724,8 @@ class Simulator:
             "config": self.config,
         }
         summary = summarize(self.policy.name, jobs, timeline, self.total_gpus, wall, meta)
+        if self.network is not None:
+            summary.update(self.network.summary(self._contention_gpu_s))
         if self.outages is not None:
             summary.update(self._outage_summary())
         return SimResult(self.policy.name, summary, jobs, timeline, self.total_gpus, meta)

@@ -136,6 +136,17 @@ class Partition:
                         break
         return [(node, c) for node, c in counts.items() if c]
 
+    def take(self, alloc: Sequence[tuple[int, int]]) -> Allocation:
+        """Take exactly the GPUs of ``alloc`` (a placement chosen by a policy); ValueError if they are not free."""
+        for node, count in alloc:
+            if count <= 0 or self.free[node] < count:
+                raise ValueError(f"node {node} has {self.free[node]} free GPUs, not {count}")
+        out = [(int(node), int(count)) for node, count in alloc]
+        for node, count in out:
+            self._take(node, count)
+        self.total_free -= sum(c for _, c in out)
+        return out
+
     def release(self, alloc: Sequence[tuple[int, int]]) -> None:
         """Give the GPUs of ``alloc`` back."""
         total = 0

@@ -41,7 +41,13 @@ def run_one(spec: RunSpec) -> SimResult:
 
         return ElasticSimulator(spec.jobs, spec.cluster, policy, spec.config,  # type: ignore[arg-type]
                                 spec.elastic, spec.inference).run()
-    sim = Simulator(Workload.from_frame(spec.jobs), partitions_for(spec.cluster), policy, spec.config)
+    parts = partitions_for(spec.cluster)
+    network = None
+    if spec.config.network:
+        from gpufleet.sim.network import network_for
+
+        network = network_for(spec.cluster, parts, spec.jobs, placement_penalty=spec.config.placement_penalty)
+    sim = Simulator(Workload.from_frame(spec.jobs), parts, policy, spec.config, network=network)
     result = sim.run()
     if spec.inference is not None and spec.cluster.inference_pools:
         from gpufleet.sim.elastic import PoolGPUs, usage_over_window

@@ -1,0 +1,113 @@
+"""``rl``: placement learned with PPO (stable-baselines3), with the heuristic as fallback (the paper's RL-hybrid).
+
+For each job the order offers, the policy sees :func:`gpufleet.sched.rl_features.observe` and picks a
+candidate node set or waits. A choice that does not fit now, or a wait while nothing runs (nothing would
+ever wake the job), falls back to the ``contention`` heuristic's choice. With no ``model`` option it loads
+the small model that ships in the wheel (``gpufleet/data/rl/contention_ppo.zip``, trained by the command in
+docs/contention.md). torch, stable-baselines3 and gymnasium come with the ``rl`` extra.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from importlib import resources
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from gpufleet.errors import ConfigError
+from gpufleet.sched.base import register
+from gpufleet.sched.netaware import CandidatePolicy, least_cost
+from gpufleet.sched.rl_features import WAIT, action_mask, observe
+
+#: The model that ships in the wheel.
+DEFAULT_MODEL = "contention_ppo.zip"
+_MODELS: dict[str, Any] = {}
+
+#: A decider maps (observation, feasible-action mask) to an action; the training environment supplies one.
+Decider = Callable[[np.ndarray, np.ndarray], int]
+
+
+def require_rl() -> None:
+    """Raise a ConfigError naming the extra when torch / stable-baselines3 / gymnasium are missing."""
+    missing = []
+    for mod in ("torch", "stable_baselines3", "gymnasium"):
+        try:
+            __import__(mod)
+        except ImportError:
+            missing.append(mod)
+    if missing:
+        raise ConfigError(f"the rl policy needs {', '.join(missing)}: pip install 'gpufleet[rl]'")
+
+
+def default_model_path() -> Path:
+    """Where the shipped model lives."""
+    return Path(str(resources.files("gpufleet.data").joinpath("rl", DEFAULT_MODEL)))
+
+
+def load_model(path: str | Path | None) -> Any:
+    """A PPO model from ``path`` (default: the shipped one), cached per path."""
+    require_rl()
+    target = Path(path) if path else default_model_path()
+    key = str(target.resolve())
+    if key not in _MODELS:
+        if not target.is_file():
+            hint = " (the shipped model is missing: train one with `gpufleet sched train-rl`)" if not path else ""
+            raise ConfigError(f"RL model {target} not found{hint}")
+        import torch
+        from stable_baselines3 import PPO
+
+        torch.set_num_threads(1)
+        try:
+            _MODELS[key] = PPO.load(str(target), device="cpu")
+        except Exception as exc:  # a corrupt or foreign zip
+            raise ConfigError(f"cannot load RL model {target}: {exc}") from exc
+    return _MODELS[key]
+
+
+@register
+class LearnedPlacement(CandidatePolicy):
+    """Candidate placement chosen by a PPO policy; infeasible choices fall back to the heuristic."""
+
+    name = "rl"
+    summary = "network-aware placement learned with PPO (gpufleet sched train-rl); heuristic fallback"
+    options: ClassVar[dict[str, float | str]] = {"order": "srtf", "model": ""}
+
+    def __init__(self, decider: Decider | None = None, **opts: Any) -> None:
+        super().__init__(**opts)
+        self.decider = decider
+        self.decisions = 0
+        self.fallbacks = 0
+        self.waits = 0
+        self._policy: Any = None
+
+    def bind(self, sim: Any) -> None:
+        super().bind(sim)
+        if self.decider is None and self._policy is None:
+            self._policy = load_model(str(self.opts["model"]) or None).policy
+
+    def _act(self, obs: np.ndarray, mask: np.ndarray) -> int:
+        if self.decider is not None:
+            return int(self.decider(obs, mask))
+        import torch
+
+        with torch.no_grad():
+            t = torch.as_tensor(obs[None, :])
+            dist = self._policy.get_distribution(t)
+            return int(dist.distribution.probs.argmax(dim=1).item())
+
+    def choose(self, j: int, p: int, part: Any, cands: list) -> int | None:
+        sim = self.sim
+        scores = self.scores(j, p, cands)
+        obs = observe(sim, j, p, part, cands, scores)
+        mask = action_mask(cands, can_wait=sim.n_running > 0)  # type: ignore[union-attr]
+        action = self._act(obs, mask)
+        self.decisions += 1
+        if action == WAIT and mask[WAIT]:
+            self.waits += 1
+            return None
+        if action < WAIT and mask[action]:
+            return action
+        self.fallbacks += 1
+        return least_cost(scores, sim.gpus[j])[0]  # type: ignore[union-attr]

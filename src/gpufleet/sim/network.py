@@ -1,0 +1,248 @@
+"""The cluster network as the simulator sees it: which links each running multi-node job loads, and how fast
+each job runs given the traffic it shares them with.
+
+Links are each node's NICs (one link per node, at the node's line rate) and each rack's uplink to the spine
+(the rack's line rate over the oversubscription ratio). A job spanning several nodes loads the NIC link of
+every node it uses with its intensity, and, when it spans racks, the uplinks of those racks too. A job's
+contention ratio is ``1 / (1 + s * max_l others_l / capacity_l)`` over its links (see
+:mod:`gpufleet.perf.contention`): it is held back by its most loaded link, where it shares the link
+max-min fairly with the jobs communicating there. Single-node jobs load no link and see no contention.
+
+Attaching or detaching a job changes the loads of its links only, so only the jobs on those links need
+a new speed: :meth:`NetworkState.attach` and :meth:`NetworkState.detach` return exactly those.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gpufleet.errors import ConfigError
+from gpufleet.perf.contention import ContentionModel
+from gpufleet.sim.partition import Allocation, Partition
+
+
+@dataclass(frozen=True)
+class JobComm:
+    """Per-job communication profile: a DeepShare profile name (None: no network traffic) and a volume scale."""
+
+    profile: list[str | None]
+    scale: np.ndarray
+
+    @classmethod
+    def from_frame(cls, jobs: Any) -> JobComm:
+        """Read ``comm_profile`` / ``comm_scale`` columns, or a ``model`` column naming DeepShare's workloads."""
+        n = jobs.height
+        cols = set(jobs.columns)
+        if "comm_profile" in cols:
+            prof = jobs["comm_profile"].to_list()
+            scale = (jobs["comm_scale"].fill_null(1.0).cast(float).to_numpy() if "comm_scale" in cols
+                     else np.ones(n))
+        elif "model" in cols:
+            prof = jobs["model"].to_list()
+            scale = np.ones(n)
+        else:
+            raise ConfigError("--network needs each job's communication profile: a 'model' column (DeepShare "
+                              "workload or a model name, see `--columns model=...`) or 'comm_profile'")
+        return cls(list(prof), np.asarray(scale, dtype=np.float64))
+
+
+class NetworkState:
+    """Link loads of the running multi-node jobs and each job's current contention ratio."""
+
+    def __init__(self, parts: Sequence[Partition], pools: Sequence[Any], oversubscription: float,
+                 comm: JobComm, gpus: Sequence[int], model: ContentionModel | None = None,
+                 placement_penalty: float = 0.2) -> None:
+        self.model = model or ContentionModel.default()
+        self.comm = comm
+        self.gpus = list(gpus)
+        self.penalty = placement_penalty
+        known = set(self.model.models)
+        bad = sorted({p for p in comm.profile if p is not None and p not in known})
+        if bad:
+            raise ConfigError(f"unknown communication profile(s) {', '.join(bad[:5])}; known: {', '.join(known)} "
+                              "(map model names with gpufleet.perf.comm_profiles.assign_profiles)")
+        # link numbering: per partition, its nodes' NIC links, then its racks' uplinks
+        self._nic_base: list[int] = []
+        self._rack_base: list[int] = []
+        self._per_rack: list[int] = []
+        self._gbps: list[float] = []
+        self._gpn: list[int] = []
+        cap: list[float] = []
+        for part, pool in zip(parts, pools, strict=True):
+            self._nic_base.append(len(cap))
+            cap.extend([1.0] * part.nodes)
+            self._rack_base.append(len(cap))
+            per_rack = int(pool.nodes_per_rack)
+            racks = -(-part.nodes // per_rack)
+            cap.extend([per_rack / float(oversubscription)] * racks)
+            self._per_rack.append(per_rack)
+            self._gbps.append(float(pool.nics_per_node * pool.nic_spec.gbps))
+            self._gpn.append(part.gpus_per_node)
+        self.cap = cap
+        self.load = [0.0] * len(cap)
+        self.on_link: list[dict[int, float]] = [{} for _ in cap]
+        self.links: dict[int, list[int]] = {}
+        self.s: dict[int, float] = {}
+        self.base_speed: dict[int, float] = {}
+        self._pending: dict[int, float] = {}
+        self.committed: dict[int, float] = {}
+        self._cache: dict[tuple[str, int, int, int], tuple[float, float, float]] = {}
+        self.multi_node_starts = 0
+        self.starts = 0
+
+    # ------------------------------------------------------------------ per-job constants
+    def _profile(self, j: int, p: int, nodes: int) -> tuple[float, float, float]:
+        """(sensitivity, intensity, isolated placement speed) of job ``j`` on ``nodes`` nodes of partition ``p``."""
+        prof = self.comm.profile[j]
+        g = self.gpus[j]
+        gpn = self._gpn[p]
+        if prof is None:
+            speed = 1.0 if nodes <= -(-g // gpn) else 1.0 - self.penalty
+            return 0.0, 0.0, speed
+        key = (prof, g, nodes, p)
+        got = self._cache.get(key)
+        if got is None:
+            m = self.model
+            gbps = self._gbps[p]
+            got = (m.sensitivity(prof, g, nodes, gbps), m.intensity(prof, g, nodes, gbps),
+                   m.relative_speed(prof, g, nodes, gpn))
+            self._cache[key] = got
+        sc = float(self.comm.scale[j])
+        return got[0] * sc, got[1] * sc, got[2]
+
+    def _links_of(self, p: int, alloc: Allocation) -> list[int]:
+        if len(alloc) <= 1:
+            return []
+        nic = self._nic_base[p]
+        out = [nic + node for node, _ in alloc]
+        per = self._per_rack[p]
+        racks = sorted({node // per for node, _ in alloc})
+        if len(racks) > 1:
+            out.extend(self._rack_base[p] + r for r in racks)
+        return out
+
+    # ------------------------------------------------------------------ mutations
+    def attach(self, j: int, p: int, alloc: Allocation) -> list[int]:
+        """Job ``j`` starts on ``alloc``; returns the other running jobs whose links it now shares."""
+        s, inten, speed = self._profile(j, p, len(alloc))
+        self.s[j] = s
+        self.base_speed[j] = speed
+        self.starts += 1
+        links = self._links_of(p, alloc) if inten > 0.0 or s > 0.0 else []
+        self.links[j] = links
+        if len(alloc) > 1:
+            self.multi_node_starts += 1
+        touched: dict[int, None] = {}
+        for link in links:
+            jobs = self.on_link[link]
+            for k in jobs:
+                touched[k] = None
+            jobs[j] = inten
+            self.load[link] += inten
+        return list(touched)
+
+    def detach(self, j: int) -> list[int]:
+        """Job ``j`` stops; returns the running jobs that shared a link with it."""
+        touched: dict[int, None] = {}
+        for link in self.links.pop(j, ()):
+            jobs = self.on_link[link]
+            inten = jobs.pop(j)
+            self.load[link] -= inten
+            if not jobs:
+                self.load[link] = 0.0  # no float residue on an idle link
+            for k in jobs:
+                touched[k] = None
+        self.s.pop(j, None)
+        self.base_speed.pop(j, None)
+        self._pending.pop(j, None)
+        self.committed.pop(j, None)
+        return list(touched)
+
+    # ------------------------------------------------------------------ speeds
+    def _term(self, j: int) -> float:
+        worst = 0.0
+        load, cap, on = self.load, self.cap, self.on_link
+        for link in self.links.get(j, ()):
+            others = (load[link] - on[link][j]) / cap[link]
+            if others > worst:
+                worst = others
+        return worst
+
+    def ratio(self, j: int) -> float:
+        """Running job ``j``'s throughput over what it would get with its links to itself."""
+        s = self.s.get(j, 0.0)
+        if s == 0.0:
+            return 1.0
+        return 1.0 / (1.0 + s * self._term(j))
+
+    def speed(self, j: int) -> float:
+        """Speed of running job ``j`` relative to running alone on the fewest nodes (placement x contention)."""
+        r = self.ratio(j)
+        self._pending[j] = r
+        if j not in self.committed:
+            self.committed[j] = r
+        return self.base_speed[j] * r
+
+    def lost(self, j: int) -> float:
+        """Throughput share job ``j`` has been losing to contention since its speed was last committed."""
+        return 1.0 - self.committed.get(j, 1.0)
+
+    def commit(self, j: int) -> None:
+        """The speed last computed by :meth:`speed` is now in force for job ``j``."""
+        if j in self._pending:
+            self.committed[j] = self._pending[j]
+
+    # ------------------------------------------------------------------ what-if, for policies
+    def predict(self, j: int, p: int, alloc: Allocation) -> tuple[float, float, float]:
+        """If ``j`` started on ``alloc`` now: (its speed, its contention ratio, GPU-weighted speed it takes
+        from the running jobs that would share its links). Nothing changes."""
+        s, inten, speed = self._profile(j, p, len(alloc))
+        links = self._links_of(p, alloc) if inten > 0.0 or s > 0.0 else []
+        if not links:
+            return speed, 1.0, 0.0
+        load, cap, on = self.load, self.cap, self.on_link
+        term = max(load[link] / cap[link] for link in links)
+        own = 1.0 / (1.0 + s * term)
+        harm = 0.0
+        mine = set(links)
+        seen: set[int] = set()
+        for link in links:
+            for k in on[link]:
+                if k in seen:
+                    continue
+                seen.add(k)
+                sk = self.s.get(k, 0.0)
+                if sk == 0.0:
+                    continue
+                before = after = 0.0
+                for lk in self.links[k]:
+                    o = (load[lk] - on[lk][k]) / cap[lk]
+                    before = max(before, o)
+                    after = max(after, o + (inten / cap[lk] if lk in mine else 0.0))
+                harm += self.gpus[k] * self.base_speed[k] * (1.0 / (1.0 + sk * before) - 1.0 / (1.0 + sk * after))
+        return speed * own, own, harm
+
+    def nic_load(self, p: int, node: int) -> float:
+        """Traffic intensity on the NIC link of ``node`` of partition ``p``."""
+        return self.load[self._nic_base[p] + node]
+
+    def summary(self, contention_gpu_s: float) -> dict[str, Any]:
+        """Network figures for a run's summary."""
+        return {
+            "contention_gpu_h": contention_gpu_s / 3600.0,
+            "multi_node_share": self.multi_node_starts / self.starts if self.starts else 0.0,
+        }
+
+
+def network_for(cluster: Any, parts: Sequence[Partition], jobs: Any, model: ContentionModel | None = None,
+                placement_penalty: float = 0.2) -> NetworkState:
+    """A :class:`NetworkState` for the training pools of ``cluster`` and the jobs of frame ``jobs``."""
+    pools = {pool.name: pool for pool in cluster.pools}
+    sorted_jobs = jobs.sort("submit_s", maintain_order=True)
+    return NetworkState(parts, [pools[p.name] for p in parts], cluster.network.oversubscription,
+                        JobComm.from_frame(sorted_jobs), sorted_jobs["num_gpus"].cast(int).to_list(), model,
+                        placement_penalty)

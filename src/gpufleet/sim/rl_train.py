@@ -1,0 +1,193 @@
+"""Train the ``rl`` placement policy with PPO, and evaluate it beside the baselines on unseen mixes.
+
+Training draws each episode from DeepShare-style mixes (or windows of a user's trace) with seeds from
+:data:`TRAIN_SEED_BASE` up; evaluation uses seeds below it, so no evaluated mix was ever trained on.
+Training is deterministic for a seed (one torch thread, seeded PPO and episode sampler), shows a progress
+bar, writes a checkpoint every ``checkpoint_every`` steps and resumes from the newest one.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from gpufleet.errors import ConfigError
+from gpufleet.sched.rl import require_rl
+
+#: Episode seeds for training start here; evaluation seeds (0, 1, 2, ...) stay below.
+TRAIN_SEED_BASE = 1_000_000
+#: Mixes training draws from, in turn.
+TRAIN_MIXES = ("heavy", "random", "medium", "light")
+#: PPO settings (small MLP, as the paper's; a shorter rollout than SB3's default suits short episodes).
+PPO_SETTINGS: dict[str, Any] = {"n_steps": 1024, "batch_size": 128, "n_epochs": 5, "learning_rate": 3e-4,
+                                "gamma": 0.995, "gae_lambda": 0.95, "ent_coef": 0.01}
+
+
+@dataclass(frozen=True)
+class MixSampler:
+    """Episodes from DeepShare-style mixes: a mix name and a fresh seed per episode; batch or Poisson arrival."""
+
+    mixes: Sequence[str] = TRAIN_MIXES
+    jobs: int = 128
+    gpus_per_node: int = 8
+    poisson_share: float = 0.5
+
+    def __call__(self, rng: np.random.Generator) -> pl.DataFrame:
+        from gpufleet.traces.mixes import generate_mix
+
+        mix = self.mixes[int(rng.integers(len(self.mixes)))]
+        seed = TRAIN_SEED_BASE + int(rng.integers(1 << 30))
+        arrival = "poisson" if rng.random() < self.poisson_share else "batch"
+        return generate_mix(mix, jobs=self.jobs, seed=seed, arrival=arrival, gpus_per_node=self.gpus_per_node)
+
+
+@dataclass(frozen=True)
+class TraceSampler:
+    """Episodes from a user's trace: a random window of ``jobs`` consecutive jobs, submit times from 0."""
+
+    trace: pl.DataFrame
+    jobs: int = 128
+
+    def __call__(self, rng: np.random.Generator) -> pl.DataFrame:
+        n = self.trace.height
+        size = min(self.jobs, n)
+        start = int(rng.integers(0, n - size + 1))
+        window = self.trace.slice(start, size)
+        return window.with_columns(pl.col("submit_s") - pl.col("submit_s").min())
+
+
+def _checkpoints(folder: Path) -> list[tuple[int, Path]]:
+    out = []
+    for p in folder.glob("rl_*_steps.zip"):
+        m = re.match(r"rl_(\d+)_steps\.zip$", p.name)
+        if m:
+            out.append((int(m.group(1)), p))
+    return sorted(out)
+
+
+def train_rl(cluster: Any, out: str | Path, *, steps: int = 100_000, seed: int = 0,
+             sampler: Callable[[np.random.Generator], pl.DataFrame] | None = None, reward: str = "jct",
+             checkpoint_every: int = 10_000, resume: bool = True, progress: bool = True) -> dict[str, Any]:
+    """Train PPO on ``cluster`` for ``steps`` decisions and save the model to ``out`` (a .zip).
+
+    Checkpoints go to ``<out>.ckpt/``; with ``resume`` the newest one is loaded and training continues to
+    ``steps`` in total. Returns a summary (steps, episodes, seconds, mean episode return of the last 20).
+    """
+    require_rl()
+    import time
+
+    import torch
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    from gpufleet.sim.rl_env import make_env
+
+    if steps < 1:
+        raise ConfigError("--steps must be at least 1")
+    torch.set_num_threads(1)
+    out = Path(out)
+    if out.suffix != ".zip":
+        out = out.with_suffix(".zip")
+    ckpt_dir = out.with_name(out.stem + ".ckpt")
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    env = make_env(cluster, sampler or MixSampler(), reward=reward, seed=seed)
+    done_steps = 0
+    found = _checkpoints(ckpt_dir) if resume else []
+    if found:
+        done_steps, path = found[-1]
+        model = PPO.load(str(path), env=env, device="cpu")
+        model.set_random_seed(seed + done_steps)
+    else:
+        model = PPO("MlpPolicy", env, seed=seed, device="cpu", verbose=0,
+                    policy_kwargs={"net_arch": [64, 64]}, **PPO_SETTINGS)
+    returns: list[float] = []
+
+    class Progress(BaseCallback):
+        """Rich progress bar, episode returns and periodic checkpoints."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self._ret = 0.0
+            self._bar: Any = None
+
+        def _on_training_start(self) -> None:
+            if progress:
+                from rich.console import Console
+                from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+                self._bar = Progress(TextColumn("[bold]train-rl[/]"), BarColumn(),
+                                     TextColumn("{task.completed:,}/{task.total:,} steps"),
+                                     TextColumn("return {task.fields[ret]}"), TimeElapsedColumn(),
+                                     TimeRemainingColumn(), console=Console(stderr=True), transient=True)
+                self._task = self._bar.add_task("rl", total=steps, completed=done_steps, ret="-")
+                self._bar.start()
+
+        def _on_step(self) -> bool:
+            self._ret += float(self.locals["rewards"][0])
+            if self.locals["dones"][0]:
+                returns.append(self._ret)
+                self._ret = 0.0
+            n = self.model.num_timesteps
+            if n % checkpoint_every == 0:
+                self.model.save(str(ckpt_dir / f"rl_{n}_steps.zip"))
+            if self._bar is not None and n % 256 == 0:
+                recent = returns[-20:]
+                self._bar.update(self._task, completed=n, ret=f"{np.mean(recent):.1f}" if recent else "-")
+            return True
+
+        def _on_training_end(self) -> None:
+            if self._bar is not None:
+                self._bar.stop()
+
+    t0 = time.perf_counter()
+    left = steps - done_steps
+    if left > 0:
+        model.learn(total_timesteps=left, callback=Progress(), reset_num_timesteps=not found,
+                    progress_bar=False)
+    wall = time.perf_counter() - t0
+    out.parent.mkdir(parents=True, exist_ok=True)
+    model.save(str(out))
+    env.close()
+    recent = returns[-20:]
+    return {"model": str(out), "steps": int(model.num_timesteps), "resumed_from": done_steps,
+            "episodes": len(returns), "train_s": wall, "seed": seed, "reward": reward,
+            "mean_return_last20": float(np.mean(recent)) if recent else math.nan}
+
+
+def eval_policies(cluster: Any, policies: Sequence[str], *, mix: str = "heavy", seeds: Sequence[int] = range(5),
+                  jobs: int = 256, arrival: str = "batch", policy_opts: dict[str, dict[str, Any]] | None = None,
+                  gpus_per_node: int = 8) -> pl.DataFrame:
+    """Each policy on the same unseen mixes (seeds below :data:`TRAIN_SEED_BASE`): one row per policy and seed."""
+    from gpufleet.sim.config import SimConfig
+    from gpufleet.sim.run import RunSpec, run_one
+    from gpufleet.traces.mixes import generate_mix
+
+    bad = [s for s in seeds if s >= TRAIN_SEED_BASE]
+    if bad:
+        raise ConfigError(f"evaluation seeds must be below {TRAIN_SEED_BASE} (training uses those): {bad[:3]}")
+    rows = []
+    for seed in seeds:
+        frame = generate_mix(mix, jobs=jobs, seed=int(seed), arrival=arrival, gpus_per_node=gpus_per_node)
+        for name in policies:
+            r = run_one(RunSpec(name, frame, cluster, SimConfig(network=True),
+                                dict((policy_opts or {}).get(name, {}))))
+            s = r.summary
+            rows.append({"policy": name, "seed": int(seed), "avg_jct_s": s["avg_jct_s"], "p99_jct_s": s["p99_jct_s"],
+                         "makespan_s": s["makespan_s"], "gpu_util": s["gpu_util"],
+                         "contention_gpu_h": s["contention_gpu_h"], "multi_node_share": s["multi_node_share"],
+                         "wall_s": s["wall_s"]})
+    return pl.DataFrame(rows)
+
+
+def summarize_eval(frame: pl.DataFrame) -> pl.DataFrame:
+    """Per policy: means over seeds."""
+    return (frame.group_by("policy", maintain_order=True)
+            .agg(pl.col("avg_jct_s", "p99_jct_s", "makespan_s", "gpu_util", "contention_gpu_h",
+                        "multi_node_share", "wall_s").mean(), pl.len().alias("seeds")))
