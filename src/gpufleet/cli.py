@@ -16,9 +16,11 @@ from typing import Annotated, Any, Literal
 import typer
 
 from gpufleet.cli_console import err, out
+from gpufleet.cli_contention import contention_app
 from gpufleet.cli_diagnose import diagnose_app
 from gpufleet.cli_health import health_app
 from gpufleet.cli_meta import meta_app
+from gpufleet.cli_sched import sched_app
 from gpufleet.cli_serve import serve_app
 from gpufleet.errors import GpufleetError
 
@@ -46,6 +48,8 @@ app.add_typer(diagnose_app, name="diagnose")
 app.add_typer(health_app, name="health")
 app.add_typer(meta_app, name="meta")
 app.add_typer(serve_app, name="serve")
+app.add_typer(sched_app, name="sched")
+app.add_typer(contention_app, name="contention")
 
 
 
@@ -102,6 +106,9 @@ def _summary_table(results: list, title: str):
         cols.insert(7, "usage")
     if with_aryl:
         cols[-1:-1] = ["loaned GPU-h", "reclaims", "reclaim preempt.", "scale events"]
+    with_net = any("contention_gpu_h" in r.summary for r in results)
+    if with_net:
+        cols[-1:-1] = ["contention GPU-h", "multi-node"]
     for col in cols:
         table.add_column(col, justify="left" if col == "policy" else "right")
     for r in results:
@@ -116,6 +123,9 @@ def _summary_table(results: list, title: str):
         if with_aryl:
             row += [f"{s['loaned_gpu_hours']:,.0f}", f"{s['reclaims']:,}", f"{s['reclaim_preemptions']:,}",
                     f"{s['scale_events']:,}"] if "reclaims" in s else ["-"] * 4
+        if with_net:
+            row += [f"{s['contention_gpu_h']:,.1f}", f"{100 * s['multi_node_share']:.0f} %"] if (
+                "contention_gpu_h" in s) else ["-"] * 2
         row.append(f"{s['wall_s']:.2f} s")
         table.add_row(*row)
     return table
@@ -176,6 +186,16 @@ def simulate(
     ray_address: Annotated[str | None, typer.Option(help="Run the sweep on this Ray cluster address.")] = None,
     debug: Annotated[bool, typer.Option(help="Check cluster invariants after every event (slow).")] = False,
     progress: Annotated[bool, typer.Option(help="Show a progress bar over simulated time.")] = True,
+    network: Annotated[bool, typer.Option(
+        "--network", help="Model network contention: multi-node jobs share NIC and rack-uplink bandwidth, and "
+        "their speed follows the traffic beside them (model fitted to DeepShare's measurements; see "
+        "docs/contention.md). Jobs take their communication pattern from a 'model' column (`--columns "
+        "model=...`) or, without one, from --comm-mix. Adds the policies contention, random, rl, las-spread, "
+        "srtf-spread; `rl:PATH` uses a model trained with `gpufleet sched train-rl`.")] = False,
+    comm_mix: Annotated[str | None, typer.Option(
+        help="With --network: communication profiles for jobs whose model is unknown, e.g. "
+        "'FSDP=0.5,MoE=0.5' (profiles: MobileNetV3, GraphSage, FSDP, Transformer-XL, DLRM, MoE; default: "
+        "equal shares).")] = None,
     failures: Annotated[Path | None, typer.Option(
         help="Fleet telemetry Parquet: inject its GPU failures into the running jobs (fleet node n -> training "
         "node n mod N; fleet time 0 = the trace's first submission). See docs/sim_failures.md.")] = None,
@@ -204,7 +224,7 @@ def simulate(
     from gpufleet.sim.elastic_jobs import ElasticConfig
     from gpufleet.sim.run import parse_policy_opts, run_policies
 
-    policies = [p.strip() for p in policy.split(",") if p.strip()]
+    policies, model_paths = _split_policies(policy)
     if not policies:
         raise typer.BadParameter("--policy names no policy")
     if breakdown not in (None, "vc", "size"):
@@ -212,6 +232,13 @@ def simulate(
     load = _load_jobs(trace, columns, vc, reader)
     spec = _load_cluster(cluster, gpus)
     opts = parse_policy_opts(opt or [], policies)
+    for name, path in model_paths.items():
+        opts.setdefault(name, {})["model"] = path
+    if network:
+        load.jobs = _with_comm_profiles(load.jobs, comm_mix)
+    elif any(p in _NETWORK_POLICIES for p in policies):
+        raise typer.BadParameter(f"policies {', '.join(sorted(_NETWORK_POLICIES & set(policies)))} place jobs "
+                                 "by network contention: add --network")
     inference_load = _inference_for(spec, inference, load.jobs)
     elastic_cfg = ElasticConfig(elastic_share=elastic_share, scale_pause_s=scale_pause,
                                 reclaim_notice_s=reclaim_notice, loan_speed=loan_speed, interval_s=interval)
@@ -226,7 +253,7 @@ def simulate(
         checkpoint_interval = DEFAULT_FAILURE_CHECKPOINT_S if failures is not None else 0.0
     config = SimConfig(placement=placement, strict_placement=strict_placement, placement_penalty=placement_penalty,
                        checkpoint_interval_s=checkpoint_interval, restart_s=restart_cost, debug=debug,
-                       progress=show_progress)
+                       progress=show_progress, network=network)
     if not as_json:
         err.print(f"[bold]{load.jobs.height:,}[/] jobs from {load.source} on cluster "
                   f"'{spec.name}' ({spec.total_gpus():,} training GPUs); policies: {', '.join(policies)}")
@@ -278,6 +305,38 @@ def simulate(
         jobs_out.parent.mkdir(parents=True, exist_ok=True)
         pl.concat(frames).write_parquet(jobs_out)
         err.print(f"job outcomes written to {jobs_out}")
+
+
+_NETWORK_POLICIES = frozenset({"contention", "random", "rl"})
+
+
+def _split_policies(text: str) -> tuple[list[str], dict[str, str]]:
+    """``"las,rl:model.zip"`` -> (["las", "rl"], {"rl": "model.zip"})."""
+    names: list[str] = []
+    paths: dict[str, str] = {}
+    for item in (p.strip() for p in text.split(",")):
+        if not item:
+            continue
+        name, sep, path = item.partition(":")
+        if sep:
+            if not path:
+                raise typer.BadParameter(f"--policy '{item}': give a model path after ':'")
+            paths[name] = path
+        names.append(name)
+    return names, paths
+
+
+def _with_comm_profiles(jobs: Any, comm_mix: str | None) -> Any:
+    """Give every job a communication profile for the network model (its model column, else the mix)."""
+    from gpufleet.perf.comm_profiles import assign_profiles, parse_mix
+    from gpufleet.perf.contention import DEEPSHARE_MODELS
+
+    if "comm_profile" in jobs.columns and comm_mix is None:
+        return jobs
+    if "model" in jobs.columns and comm_mix is None and set(jobs["model"].drop_nulls().unique()) <= set(
+            DEEPSHARE_MODELS) and jobs["model"].null_count() == 0:
+        return jobs
+    return assign_profiles(jobs, parse_mix(comm_mix) if comm_mix else None, seed=0)
 
 
 def _run_with_failures(jobs: Any, spec: Any, policies: list[str], config: Any, opts: Any, fleet: Path,

@@ -40,6 +40,8 @@ __all__ = [
     "Placement",
     "fit_contention",
     "load_deepshare",
+    "predicted_ratios",
+    "victim_type_mask",
 ]
 
 #: DeepShare's six workloads in its job-type order (serial = model index x 3 + GPU-demand index + 1).
@@ -400,3 +402,21 @@ def predicted_ratios(model: ContentionModel, keys: Sequence[tuple[str, int, int]
     s = np.array([model.sensitivity(*k) for k in keys])
     p = np.array([model.intensity(*k) for k in keys])
     return 1.0 / (1.0 + np.outer(s, p))
+
+
+def victim_type_mask(n_types: int, holdout: float, seed: int = 0) -> np.ndarray:
+    """A ``train_mask`` for :func:`fit_contention` that holds back whole victim job types, not random cells.
+
+    A seeded random ``holdout`` share of the ``n_types`` job types (at least one, at most all but one) loses
+    its whole row of the matrix (the type as the victim): the fit never sees how those types suffer, so the
+    held-back error says how well the per-model x per-placement factoring predicts an unmeasured job type.
+    """
+    if not 0.0 < holdout < 1.0:
+        raise ConfigError(f"holdout must be in (0, 1) to hold back job types, got {holdout}")
+    if n_types < 2:
+        raise ConfigError(f"holding back job types needs at least 2 types, got {n_types}")
+    k = min(max(1, round(holdout * n_types)), n_types - 1)
+    held = np.random.default_rng(seed).choice(n_types, size=k, replace=False)
+    mask = np.ones((n_types, n_types), dtype=bool)
+    mask[held, :] = False
+    return mask

@@ -4,9 +4,11 @@ each job runs given the traffic it shares them with.
 Links are each node's NICs (one link per node, at the node's line rate) and each rack's uplink to the spine
 (the rack's line rate over the oversubscription ratio). A job spanning several nodes loads the NIC link of
 every node it uses with its intensity, and, when it spans racks, the uplinks of those racks too. A job's
-contention ratio is ``1 / (1 + s * max_l others_l / capacity_l)`` over its links (see
-:mod:`gpufleet.perf.contention`): it is held back by its most loaded link, where it shares the link
-max-min fairly with the jobs communicating there. Single-node jobs load no link and see no contention.
+contention ratio is ``1 / (1 + s * max_l x_l)`` over its links (see :mod:`gpufleet.perf.contention`): it
+is held back by its most loaded link, where it shares the link max-min fairly with the jobs communicating
+there. On a NIC, ``x`` is the other jobs' load (the calibrated case: DeepShare co-located jobs on the same
+nodes); on a rack uplink, which carries many nodes' traffic, only the load beyond its capacity slows
+anyone: ``x = max(0, load - capacity) / capacity``. Single-node jobs load no link and see no contention.
 
 Attaching or detaching a job changes the loads of its links only, so only the jobs on those links need
 a new speed: :meth:`NetworkState.attach` and :meth:`NetworkState.detach` return exactly those.
@@ -72,17 +74,21 @@ class NetworkState:
         self._gbps: list[float] = []
         self._gpn: list[int] = []
         cap: list[float] = []
+        uplink: list[bool] = []
         for part, pool in zip(parts, pools, strict=True):
             self._nic_base.append(len(cap))
             cap.extend([1.0] * part.nodes)
+            uplink.extend([False] * part.nodes)
             self._rack_base.append(len(cap))
             per_rack = int(pool.nodes_per_rack)
             racks = -(-part.nodes // per_rack)
             cap.extend([per_rack / float(oversubscription)] * racks)
+            uplink.extend([True] * racks)
             self._per_rack.append(per_rack)
             self._gbps.append(float(pool.nics_per_node * pool.nic_spec.gbps))
             self._gpn.append(part.gpus_per_node)
         self.cap = cap
+        self.uplink = uplink
         self.load = [0.0] * len(cap)
         self.on_link: list[dict[int, float]] = [{} for _ in cap]
         self.links: dict[int, list[int]] = {}
@@ -90,6 +96,7 @@ class NetworkState:
         self.base_speed: dict[int, float] = {}
         self._pending: dict[int, float] = {}
         self.committed: dict[int, float] = {}
+        self.worst: dict[int, float] = {}  # each running job's bottleneck term at its last speed()
         self._cache: dict[tuple[str, int, int, int], tuple[float, float, float]] = {}
         self.multi_node_starts = 0
         self.starts = 0
@@ -137,12 +144,25 @@ class NetworkState:
         if len(alloc) > 1:
             self.multi_node_starts += 1
         touched: dict[int, None] = {}
+        worst = self.worst
         for link in links:
             jobs = self.on_link[link]
-            for k in jobs:
-                touched[k] = None
+            after = self.load[link] + inten
             jobs[j] = inten
-            self.load[link] += inten
+            self.load[link] = after
+            cap = self.cap[link]
+            if self.uplink[link]:
+                x = (after - cap) / cap
+                if x <= 0.0:
+                    continue  # under capacity: nobody on this uplink changes speed
+                for k in jobs:
+                    if k != j and x > worst.get(k, 0.0) + 1e-12:
+                        touched[k] = None
+            else:
+                for k, pk in jobs.items():
+                    # k slows only if this link becomes its most loaded one
+                    if k != j and (after - pk) / cap > worst.get(k, 0.0) + 1e-12:
+                        touched[k] = None
         return list(touched)
 
     def detach(self, j: int) -> list[int]:
@@ -151,12 +171,25 @@ class NetworkState:
         for link in self.links.pop(j, ()):
             jobs = self.on_link[link]
             inten = jobs.pop(j)
-            self.load[link] -= inten
-            if not jobs:
-                self.load[link] = 0.0  # no float residue on an idle link
-            for k in jobs:
-                touched[k] = None
+            before = self.load[link]
+            self.load[link] = before - inten if jobs else 0.0  # no float residue on an idle link
+            cap = self.cap[link]
+            worst = self.worst
+            if self.uplink[link]:
+                x = (before - cap) / cap
+                if x <= 0.0:
+                    continue
+                for k in jobs:
+                    if x >= worst.get(k, 0.0) - 1e-12:
+                        touched[k] = None
+            else:
+                for k, pk in jobs.items():
+                    # k speeds up only if this link was its most loaded one
+                    x = (before - pk) / cap
+                    if x > 0.0 and x >= worst.get(k, 0.0) - 1e-12:
+                        touched[k] = None
         self.s.pop(j, None)
+        self.worst.pop(j, None)
         self.base_speed.pop(j, None)
         self._pending.pop(j, None)
         self.committed.pop(j, None)
@@ -165,11 +198,11 @@ class NetworkState:
     # ------------------------------------------------------------------ speeds
     def _term(self, j: int) -> float:
         worst = 0.0
-        load, cap, on = self.load, self.cap, self.on_link
+        load, cap, on, up = self.load, self.cap, self.on_link, self.uplink
         for link in self.links.get(j, ()):
-            others = (load[link] - on[link][j]) / cap[link]
-            if others > worst:
-                worst = others
+            x = (load[link] - cap[link] if up[link] else load[link] - on[link][j]) / cap[link]
+            if x > worst:
+                worst = x
         return worst
 
     def ratio(self, j: int) -> float:
@@ -177,7 +210,9 @@ class NetworkState:
         s = self.s.get(j, 0.0)
         if s == 0.0:
             return 1.0
-        return 1.0 / (1.0 + s * self._term(j))
+        term = self._term(j)
+        self.worst[j] = term
+        return 1.0 / (1.0 + s * term)
 
     def speed(self, j: int) -> float:
         """Speed of running job ``j`` relative to running alone on the fewest nodes (placement x contention)."""
@@ -204,8 +239,9 @@ class NetworkState:
         links = self._links_of(p, alloc) if inten > 0.0 or s > 0.0 else []
         if not links:
             return speed, 1.0, 0.0
-        load, cap, on = self.load, self.cap, self.on_link
-        term = max(load[link] / cap[link] for link in links)
+        load, cap, on, up = self.load, self.cap, self.on_link, self.uplink
+        term = max(max(0.0, (load[link] + inten - cap[link]) if up[link] else load[link]) / cap[link]
+                   for link in links)
         own = 1.0 / (1.0 + s * term)
         harm = 0.0
         mine = set(links)
@@ -220,9 +256,15 @@ class NetworkState:
                     continue
                 before = after = 0.0
                 for lk in self.links[k]:
-                    o = (load[lk] - on[lk][k]) / cap[lk]
-                    before = max(before, o)
-                    after = max(after, o + (inten / cap[lk] if lk in mine else 0.0))
+                    add = inten if lk in mine else 0.0
+                    if up[lk]:
+                        b = max(0.0, load[lk] - cap[lk]) / cap[lk]
+                        a = max(0.0, load[lk] + add - cap[lk]) / cap[lk]
+                    else:
+                        b = (load[lk] - on[lk][k]) / cap[lk]
+                        a = b + add / cap[lk]
+                    before = max(before, b)
+                    after = max(after, a)
                 harm += self.gpus[k] * self.base_speed[k] * (1.0 / (1.0 + sk * before) - 1.0 / (1.0 + sk * after))
         return speed * own, own, harm
 

@@ -1,0 +1,148 @@
+"""``gpufleet sched``: train and evaluate the network-contention-aware ``rl`` placement policy.
+
+torch, stable-baselines3 and gymnasium come with the ``rl`` extra and are imported inside the commands, so
+``gpufleet sched --help`` works without them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from gpufleet.cli_console import err, out
+from gpufleet.errors import ConfigError
+
+sched_app = typer.Typer(
+    help="Network-contention-aware scheduling learned with reinforcement learning (Ryu & Eo).\n\n"
+    "`gpufleet sched train-rl -o model.zip` trains PPO placement on DeepShare-style job mixes over the 4 x 8-GPU "
+    "testbed; `gpufleet sched eval-rl model.zip --mix heavy --seeds 5` compares it with las, srtf, tiresias, the "
+    "contention heuristic, random placement and the paper's spread-first baselines on mixes it never saw; "
+    "`gpufleet simulate --network --policy las,contention,rl:model.zip` runs it on any trace.",
+    no_args_is_help=True,
+    rich_markup_mode="markdown",
+)
+
+#: Policies eval-rl compares by default (rl last).
+EVAL_POLICIES = ("las", "srtf", "tiresias", "contention", "random", "las-spread", "srtf-spread", "rl")
+DEFAULT_CLUSTER = "deepshare-testbed"
+
+
+def load_named_cluster(name: str | Path) -> Any:
+    """A cluster TOML path, or the name of a bundled cluster (``deepshare-testbed``, ``deepshare-64``, ...)."""
+    from gpufleet.spec import load_cluster
+
+    path = Path(name)
+    if not path.is_file():
+        bundled = Path(str(resources.files("gpufleet.data").joinpath("clusters", f"{name}.toml")))
+        if bundled.is_file():
+            path = bundled
+        else:
+            folder = resources.files("gpufleet.data").joinpath("clusters")
+            names = sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".toml"))
+            raise ConfigError(f"cluster '{name}' is neither a file nor a bundled cluster ({', '.join(names)})")
+    return load_cluster(path)
+
+
+@sched_app.command("train-rl")
+def train_rl_cmd(
+    output: Annotated[Path, typer.Option("-o", "--output", help="where to save the model (.zip)")] = Path(
+        "model.zip"),
+    trace: Annotated[str | None, typer.Option(help="train on windows of this job trace (CSV / Parquet) instead of "
+                                                   "generated DeepShare-style mixes")] = None,
+    columns: Annotated[str | None, typer.Option(help="column mapping of --trace, e.g. "
+                                                     "`submit=ts,duration=dur,gpus=n,model=model_name`")] = None,
+    comm_mix: Annotated[str | None, typer.Option(help="profiles for --trace jobs without a known model, e.g. "
+                                                      "'FSDP=0.5,MoE=0.5'")] = None,
+    cluster: Annotated[str, typer.Option(help="cluster TOML or bundled name")] = DEFAULT_CLUSTER,
+    steps: Annotated[int, typer.Option(help="placement decisions to train for (PPO environment steps)")] = 200_000,
+    jobs: Annotated[int, typer.Option(help="jobs per training episode")] = 128,
+    seed: Annotated[int, typer.Option(help="seed of PPO and of the episode sampler (training is deterministic)")] = 0,
+    reward: Annotated[str, typer.Option(help="'jct' (minus job-time in system: true JCT) or 'paper' "
+                                             "(-w1 contention slowdown + w2 utilisation)")] = "jct",
+    checkpoint_every: Annotated[int, typer.Option(help="save a checkpoint every this many steps")] = 10_000,
+    resume: Annotated[bool, typer.Option(help="continue from the newest checkpoint in <output>.ckpt/")] = True,
+    as_json: Annotated[bool, typer.Option("--json", help="print the training summary as JSON")] = False,
+) -> None:
+    """Train the `rl` placement policy with PPO; progress bar, checkpoints, resumable, deterministic per seed."""
+    from gpufleet.sim.rl_train import MixSampler, TraceSampler, train_rl
+
+    spec = load_named_cluster(cluster)
+    gpn = max(p.gpus_per_node for p in spec.pools if p.kind == "training")
+    if trace is not None:
+        from gpufleet.cli import _load_jobs, _with_comm_profiles
+
+        frame = _with_comm_profiles(_load_jobs(trace, columns, None, None).jobs, comm_mix)
+        sampler: Any = TraceSampler(frame, jobs)
+    else:
+        sampler = MixSampler(jobs=jobs, gpus_per_node=gpn)
+    summary = train_rl(spec, output, steps=steps, seed=seed, sampler=sampler, reward=reward,
+                       checkpoint_every=checkpoint_every, resume=resume, progress=not as_json and err.is_terminal)
+    if as_json:
+        print(json.dumps(summary, indent=2))
+    else:
+        err.print(f"trained {summary['steps']:,} steps ({summary['episodes']} episodes) in "
+                  f"{summary['train_s']:.0f} s; model written to {summary['model']}")
+
+
+@sched_app.command("eval-rl")
+def eval_rl_cmd(
+    model: Annotated[Path | None, typer.Argument(help="PPO model from train-rl (default: the shipped one)")] = None,
+    mix: Annotated[str, typer.Option(help="light, medium, heavy or random communication intensity")] = "heavy",
+    seeds: Annotated[int, typer.Option(help="evaluate on mix seeds 0 .. N-1 (training never uses them)")] = 5,
+    jobs: Annotated[int | None, typer.Option(help="jobs per mix (default: 256 per 4 nodes, as DeepShare)")] = None,
+    arrival: Annotated[str, typer.Option(help="'batch' (all at t = 0) or 'poisson'")] = "batch",
+    cluster: Annotated[str, typer.Option(help="cluster TOML or bundled name (e.g. deepshare-64)")] = DEFAULT_CLUSTER,
+    policies: Annotated[str, typer.Option(help="comma-separated policies to compare")] = ",".join(EVAL_POLICIES),
+    as_json: Annotated[bool, typer.Option("--json", help="print per-policy means and per-seed rows as JSON")] = False,
+) -> None:
+    """Compare `rl` with the baselines on unseen mixes: true JCT (queueing included), p99, makespan, utilisation."""
+    from gpufleet.sim.rl_train import eval_policies, summarize_eval
+
+    if seeds < 1:
+        raise typer.BadParameter("--seeds must be at least 1")
+    spec = load_named_cluster(cluster)
+    names = [p.strip() for p in policies.split(",") if p.strip()]
+    pools = [p for p in spec.pools if p.kind == "training"]
+    nodes = sum(p.nodes for p in pools)
+    n_jobs = jobs if jobs is not None else 256 * max(1, nodes // 4)
+    opts = {"rl": {"model": str(model)}} if model is not None else {}
+    frame = eval_policies(spec, names, mix=mix, seeds=range(seeds), jobs=n_jobs, arrival=arrival, policy_opts=opts,
+                          gpus_per_node=pools[0].gpus_per_node)
+    means = summarize_eval(frame)
+    baseline = _best_baseline(means)
+    if as_json:
+        rows = [{k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in r.items()}
+                for r in means.iter_rows(named=True)]
+        print(json.dumps({"mix": mix, "cluster": spec.name, "jobs": n_jobs, "seeds": seeds, "arrival": arrival,
+                          "best_baseline": baseline, "policies": rows, "runs": frame.to_dicts()}, indent=2))
+        return
+    out.print(eval_table(means, f"{mix} mix, {n_jobs} jobs x {seeds} seeds on {spec.name}", baseline))
+
+
+def _best_baseline(means: Any) -> str | None:
+    base = means.filter(means["policy"].is_in(["las", "srtf", "tiresias"]))
+    if base.height == 0:
+        return None
+    return str(base.sort("avg_jct_s")["policy"][0])
+
+
+def eval_table(means: Any, title: str, baseline: str | None) -> Table:
+    """Rich table of per-policy means, with the change against the best of las / srtf / tiresias."""
+    table = Table(title=title, header_style="bold")
+    for col in ("policy", "avg JCT h", "p99 JCT h", "makespan h", "GPU util", "contention GPU-h", "multi-node",
+                f"avg vs {baseline or '-'}", f"p99 vs {baseline or '-'}"):
+        table.add_column(col, justify="left" if col == "policy" else "right")
+    ref = means.filter(means["policy"] == baseline).row(0, named=True) if baseline else None
+    for r in means.iter_rows(named=True):
+        d_avg = f"{100 * (r['avg_jct_s'] / ref['avg_jct_s'] - 1):+.1f} %" if ref else "-"
+        d_p99 = f"{100 * (r['p99_jct_s'] / ref['p99_jct_s'] - 1):+.1f} %" if ref else "-"
+        table.add_row(r["policy"], f"{r['avg_jct_s'] / 3600:.2f}", f"{r['p99_jct_s'] / 3600:.2f}",
+                      f"{r['makespan_s'] / 3600:.2f}", f"{100 * r['gpu_util']:.1f} %", f"{r['contention_gpu_h']:.1f}",
+                      f"{100 * r['multi_node_share']:.0f} %", d_avg, d_p99)
+    return table
