@@ -180,7 +180,9 @@ class ContentionModel:
 
         Measured where DeepShare measured it. One node (never measured): the 2-node figure with the network
         share of the iteration moved onto the intra-node path (PCIe Gen3, 16 GB/s vs 40 Gb/s InfiniBand):
-        ``t1 = t2 * (1 - u + u * net / intra)`` with ``u`` the communication share. Other node counts: the
+        ``t1 = t2 * (1 - u + u * net / intra)`` with ``u`` the communication share, and never below the
+        best measured spread of the same GPU count (TITAN Xp nodes share PCIe, so a few light models run
+        faster spread; one node is taken to be at least as fast). Other node counts: the
         measured point of the same GPU count with the nearest node count.
         """
         self._check(model)
@@ -197,7 +199,8 @@ class ContentionModel:
         if nodes <= 1:
             two = measured.get(2, measured[min(measured)])
             u = self.comm_share(model, gpus, 2)
-            return two / (1.0 - u + u * self.reference_gbps / self.intra_gbps)
+            # never slower than the best measured spread: one node's GPUs share no network at all
+            return max(two / (1.0 - u + u * self.reference_gbps / self.intra_gbps), max(measured.values()))
         near = min(measured, key=lambda n: abs(math.log(n / nodes)))
         return measured[near]
 

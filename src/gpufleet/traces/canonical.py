@@ -13,6 +13,7 @@ from datetime import datetime
 
 import polars as pl
 
+from gpufleet.traces.columns import OPTIONAL_FIELDS
 from gpufleet.traces.schema import CANONICAL_COLUMNS, DEFAULT_KIND
 
 ROW = "__row"
@@ -127,7 +128,9 @@ def parse_table(
     """Map ``table`` onto canonical columns using ``mapping`` (canonical → source column).
 
     ``drop_blank`` drops rows whose every field is null: blank CSV lines, which are not records.
-    Unmapped job_id becomes ``<job_id_prefix>-<row>``; unmapped kind becomes "train".
+    Unmapped job_id becomes ``<job_id_prefix>-<row>``; unmapped kind becomes "train". Mapped optional
+    columns (``OPTIONAL_FIELDS``, e.g. ``model``) follow the canonical ones as text; unmapped source columns
+    whose names clash with a canonical or optional column are kept as ``src_<name>``.
     """
     table = table.with_row_index(ROW).with_columns(pl.col(ROW).cast(pl.Int64))
     if drop_blank and table.width > 1:
@@ -167,11 +170,16 @@ def parse_table(
     else:
         cols["kind"] = pl.Series([DEFAULT_KIND] * rows, dtype=pl.String)
 
+    for name in OPTIONAL_FIELDS:
+        if name in mapping:
+            cols[name] = _text(table[mapping[name]])
+
     used = set(mapping.values()) | {ROW}
+    reserved = set(CANONICAL_COLUMNS) | set(OPTIONAL_FIELDS)
     for column in table.columns:
         if column in used:
             continue
-        name = column if column not in CANONICAL_COLUMNS else f"src_{column}"
+        name = column if column not in reserved else f"src_{column}"
         if name in cols:
             continue
         cols[name] = _extra(table[column])

@@ -3,6 +3,11 @@
 A user names the mapping (``{"submit": "submission_time", ...}`` or the CLI string
 ``submit=submission_time,...``); otherwise well-known column names are detected, so canonical files,
 Philly, ElasticFlow and Helios-style CSVs need no mapping at all.
+
+Besides the canonical columns, a source may feed the optional columns of ``OPTIONAL_FIELDS`` (today
+``model``: the job's model name, which the network-contention simulation maps to a communication
+profile). They are kept as String columns right after the canonical ones when mapped or detected, and
+absent otherwise.
 """
 
 from __future__ import annotations
@@ -25,6 +30,13 @@ KEY_ALIASES: dict[str, str] = {
     "user": "user",
     "vc": "vc",
     "kind": "kind",
+    "model": "model",
+    "model_name": "model",
+}
+
+#: Optional columns a source may feed (not in every trace): name → meaning.
+OPTIONAL_FIELDS: dict[str, str] = {
+    "model": "model the job trains (e.g. 'llama2-7b', 'resnet50', a DeepShare workload), or null",
 }
 
 #: Source column names recognised without a mapping (compared case-insensitively, first match wins).
@@ -39,6 +51,7 @@ AUTO_NAMES: dict[str, tuple[str, ...]] = {
     "user": ("user", "user_id", "username"),
     "vc": ("vc", "virtual_cluster", "cluster"),
     "kind": ("kind", "job_kind"),
+    "model": ("model", "model_name"),
 }
 
 #: Canonical columns a source must provide (job_id is generated from the row number when absent).

@@ -116,8 +116,9 @@ def load_trace(
 
     ``source`` is ``"philly"`` (the bundled Philly trace) or a path. ``reader`` overrides the choice
     by suffix; ``columns`` maps canonical keys (submit, duration, gpus, job_id, gpu_type, user, vc,
-    kind) to source columns; ``vc`` keeps one virtual cluster. Raises TraceError for problems with
-    the file as a whole (missing, unreadable, missing columns, unknown vc); bad rows never raise.
+    kind, and the optional model) to source columns; ``vc`` keeps one virtual cluster. Raises TraceError
+    for problems with the file as a whole (missing, unreadable, missing columns, unknown vc); bad rows
+    never raise.
     """
     if isinstance(source, str) and source == "philly":
         path, label, reader = bundled_trace_path(), "philly", reader or "philly"

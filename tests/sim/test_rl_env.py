@@ -1,0 +1,133 @@
+"""The RL environment over the simulator, PPO training (tiny), checkpoints, determinism and the rl policy."""
+
+from __future__ import annotations
+
+import builtins
+
+import numpy as np
+import polars as pl
+import pytest
+
+pytest.importorskip("stable_baselines3")
+pytest.importorskip("gymnasium")
+
+from gpufleet.errors import ConfigError  # noqa: E402
+from gpufleet.perf.contention import DEEPSHARE_MODELS, ContentionModel  # noqa: E402
+from gpufleet.sched.rl_features import N_ACTIONS, OBS_SIZE, WAIT  # noqa: E402
+from gpufleet.sim.config import SimConfig  # noqa: E402
+from gpufleet.sim.rl_env import make_env  # noqa: E402
+from gpufleet.sim.rl_train import train_rl  # noqa: E402
+from gpufleet.sim.run import RunSpec, run_one  # noqa: E402
+from gpufleet.spec.loader import cluster_from_dict  # noqa: E402
+
+MODEL = ContentionModel.default()
+
+
+def _cluster(nodes: int = 4):
+    return cluster_from_dict({"name": "t", "network": {"oversubscription": 1.0},
+                              "pools": [{"name": "train", "kind": "training", "gpu": "v100", "gpus_per_node": 8,
+                                         "nodes": nodes, "nic": "ib-edr", "nodes_per_rack": 4}]})
+
+
+def _sampler(n: int = 24):
+    def draw(rng: np.random.Generator) -> pl.DataFrame:
+        models = rng.choice(DEEPSHARE_MODELS, size=n)
+        gpus = rng.choice([2, 4, 8], size=n)
+        return pl.DataFrame({"job_id": [str(i) for i in range(n)], "submit_s": np.zeros(n),
+                             "duration_s": [MODEL.duration_s(m, int(g)) for m, g in zip(models, gpus, strict=True)],
+                             "num_gpus": gpus, "model": models})
+    return draw
+
+
+def _rollout(env, seed: int, actions: int = 200) -> tuple[list[np.ndarray], list[float]]:
+    obs, info = env.reset(seed=seed)
+    rng = np.random.default_rng(seed)
+    seen, rewards = [obs], []
+    for _ in range(actions):
+        mask = info["action_mask"]
+        obs, r, done, _, info = env.step(int(rng.choice(np.flatnonzero(mask))))
+        seen.append(obs)
+        rewards.append(r)
+        if done:
+            obs, info = env.reset()
+    return seen, rewards
+
+
+def test_env_spaces_masks_and_episode_end() -> None:
+    env = make_env(_cluster(), _sampler(), seed=0)
+    obs, info = env.reset(seed=0)
+    assert obs.shape == (OBS_SIZE,) and env.action_space.n == N_ACTIONS
+    assert info["action_mask"].any()
+    total, steps, done = 0.0, 0, False
+    while not done:
+        mask = info["action_mask"]
+        action = int(np.flatnonzero(mask[:WAIT])[0])  # always the first feasible placement
+        obs, r, done, _, info = env.step(action)
+        total += r
+        steps += 1
+        assert r <= 0.0  # jct reward: minus job-time in the system
+    assert steps >= 24  # at least one decision per job
+    jct_sum = float(env.last_result.jobs["jct_s"].sum())
+    scale = 3600.0 * 32 / 8.0
+    assert total == pytest.approx(-jct_sum / scale, rel=1e-6)  # the return is minus the sum of true JCTs
+    env.close()
+
+
+def test_env_is_deterministic_for_a_seed() -> None:
+    a, ra = _rollout(make_env(_cluster(), _sampler(), seed=5), 5)
+    b, rb = _rollout(make_env(_cluster(), _sampler(), seed=5), 5)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+    assert ra == rb
+
+
+def test_paper_reward_mixes_slowdown_and_utilisation() -> None:
+    env = make_env(_cluster(), _sampler(), reward="paper", w1=0.0, w2=1.0, seed=0)
+    _, info = env.reset(seed=0)
+    _, r, _, _, _ = env.step(int(np.flatnonzero(info["action_mask"])[0]))
+    assert 0.0 <= r <= 1.0  # w2 * utilisation only
+    env.close()
+    with pytest.raises(ConfigError, match="reward"):
+        make_env(_cluster(), _sampler(), reward="nope")
+
+
+def test_training_is_deterministic_checkpoints_and_resumes(tmp_path) -> None:
+    out_a = tmp_path / "a.zip"
+    s1 = train_rl(_cluster(), out_a, steps=1024, seed=1, sampler=_sampler(), checkpoint_every=512, progress=False)
+    assert out_a.is_file() and s1["steps"] == 1024
+    ckpts = sorted(p.name for p in (tmp_path / "a.ckpt").iterdir())
+    assert ckpts == ["rl_1024_steps.zip", "rl_512_steps.zip"]
+    out_b = tmp_path / "b.zip"
+    train_rl(_cluster(), out_b, steps=1024, seed=1, sampler=_sampler(), checkpoint_every=512, progress=False)
+    from stable_baselines3 import PPO
+
+    pa = PPO.load(str(out_a)).policy.state_dict()
+    pb = PPO.load(str(out_b)).policy.state_dict()
+    assert all(np.array_equal(pa[k].numpy(), pb[k].numpy()) for k in pa)
+    # resume: continues from the newest checkpoint to the new total
+    s2 = train_rl(_cluster(), out_a, steps=2048, seed=1, sampler=_sampler(), checkpoint_every=512, progress=False)
+    assert s2["resumed_from"] == 1024 and s2["steps"] == 2048  # PPO learns in whole rollouts of 1,024 steps
+    # the trained model runs as --policy rl in the simulator
+    jobs = _sampler(32)(np.random.default_rng(9))
+    res = run_one(RunSpec("rl", jobs, _cluster(8), SimConfig(network=True, debug=True), {"model": str(out_a)}))
+    assert res.summary["finished"] == 32
+
+
+def test_rl_policy_without_the_extra_names_it(monkeypatch) -> None:
+    from gpufleet.sched import rl
+
+    real = builtins.__import__
+
+    def fake(name, *args, **kwargs):
+        if name.startswith("stable_baselines3"):
+            raise ImportError(name)
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", fake)
+    with pytest.raises(ConfigError, match=r"gpufleet\[rl\]"):
+        rl.require_rl()
+
+
+def test_missing_model_file_is_a_clear_error(tmp_path) -> None:
+    jobs = _sampler(4)(np.random.default_rng(0))
+    with pytest.raises(ConfigError, match="not found"):
+        run_one(RunSpec("rl", jobs, _cluster(), SimConfig(network=True), {"model": str(tmp_path / "none.zip")}))
