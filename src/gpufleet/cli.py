@@ -20,6 +20,7 @@ from gpufleet.cli_contention import contention_app
 from gpufleet.cli_diagnose import diagnose_app
 from gpufleet.cli_health import health_app
 from gpufleet.cli_meta import meta_app
+from gpufleet.cli_mixes import register as register_mix_command
 from gpufleet.cli_sched import sched_app
 from gpufleet.cli_serve import serve_app
 from gpufleet.errors import GpufleetError
@@ -36,6 +37,7 @@ app = typer.Typer(
 )
 traces_app = typer.Typer(help="Inspect, convert and generate job traces.", no_args_is_help=True)
 app.add_typer(traces_app, name="traces")
+register_mix_command(traces_app)
 perf_app = typer.Typer(
     help="Training performance model: step time, MFU and memory of a layout, and its accuracy against "
     "published runs.\n\nStart with `gpufleet perf step --model gpt3-175b --gpus 1024 --tp 8 --pp 8 --gbs 1536`; "

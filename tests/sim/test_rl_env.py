@@ -11,14 +11,14 @@ import pytest
 pytest.importorskip("stable_baselines3")
 pytest.importorskip("gymnasium")
 
-from gpufleet.errors import ConfigError  # noqa: E402
-from gpufleet.perf.contention import DEEPSHARE_MODELS, ContentionModel  # noqa: E402
-from gpufleet.sched.rl_features import N_ACTIONS, OBS_SIZE, WAIT  # noqa: E402
-from gpufleet.sim.config import SimConfig  # noqa: E402
-from gpufleet.sim.rl_env import make_env  # noqa: E402
-from gpufleet.sim.rl_train import train_rl  # noqa: E402
-from gpufleet.sim.run import RunSpec, run_one  # noqa: E402
-from gpufleet.spec.loader import cluster_from_dict  # noqa: E402
+from gpufleet.errors import ConfigError
+from gpufleet.perf.contention import DEEPSHARE_MODELS, ContentionModel
+from gpufleet.sched.rl_features import N_ACTIONS, OBS_SIZE, WAIT
+from gpufleet.sim.config import SimConfig
+from gpufleet.sim.rl_env import make_env
+from gpufleet.sim.rl_train import train_rl
+from gpufleet.sim.run import RunSpec, run_one
+from gpufleet.spec.loader import cluster_from_dict
 
 MODEL = ContentionModel.default()
 

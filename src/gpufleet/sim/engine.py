@@ -120,6 +120,8 @@ class Simulator:
         # network contention between multi-node jobs (gpufleet.sim.network); None: jobs run at placement speed
         self.network = network
         self._contention_gpu_s = 0.0
+        # running jobs whose links changed during this scheduling pass: re-rated once, when the pass ends
+        self._dirty: dict[int, None] = {}
         policy.bind(self)
 
     # ------------------------------------------------------------------ setup
@@ -274,8 +276,8 @@ class Simulator:
         self.token[j] += 1
         self.policy.on_start(j, now)
         if net is not None:
-            for k in touched:
-                self._resegment(k, now)
+            net.commit(j)
+            self._dirty.update(dict.fromkeys(touched))
 
     def _stop_segment(self, j: int, now: float) -> float:
         """Close the running segment of ``j`` at ``now``; returns the progress it made."""
@@ -299,9 +301,18 @@ class Simulator:
         self._churn += self.gpus[j]
         self.n_running -= 1
         self.token[j] += 1
-        for k in touched:
-            self._resegment(k, now)
+        if touched:
+            self._dirty.update(dict.fromkeys(touched))
         return prog
+
+    def _rerate(self, now: float) -> None:
+        """Give every running job whose links changed in this pass its new speed (same instant: exact)."""
+        dirty = self._dirty
+        state = self.state
+        for k in dirty:
+            if state[k] == RUNNING:
+                self._resegment(k, now)
+        dirty.clear()
 
     def _resegment(self, k: int, now: float) -> None:
         """Running job ``k``'s contention changed at ``now``: bank its progress and go on at the new speed."""
@@ -629,6 +640,8 @@ class Simulator:
                 continue
             count += 1
             self._schedule()
+            if self._dirty:
+                self._rerate(t)
             wake = pol.next_wakeup(t)
             if wake is not None and t < wake != self._wakeup_at:
                 self._seq += 1

@@ -14,8 +14,8 @@ independently from them:
   (uniform in expectation, about +-0.05 per trace).
 
 A job's duration is DeepShare's: samples to train over its isolated throughput on the fewest nodes
-(:meth:`gpufleet.perf.contention.ContentionModel.duration_s`, 0.4-1 h). Upstream submits every job at t = 0
-("batch"); "poisson" spreads them at a constant rate instead. All randomness comes from
+(:meth:`gpufleet.perf.contention.ContentionModel.duration_s`: 0.35-1 h on 8-GPU nodes). Upstream submits
+every job at t = 0 ("batch"); "poisson" spreads them at a constant rate instead. All randomness comes from
 ``np.random.default_rng``: independent child streams of ``SeedSequence(seed)`` for the weights, the models,
 the demands and the arrivals, so one seed gives one frame, and two intensities with the same seed share
 their demand weights, demand draws and arrival times.
@@ -132,7 +132,7 @@ def mean_gpu_hours(intensity: str = "heavy", seed: int = 0, gpus_per_node: int =
     """Expected GPU-hours of one job of the trace ``(intensity, seed)``: sum of w_m x w_g x g x duration.
 
     Model and demand are drawn independently, so this is the exact mean of the distribution the trace's
-    jobs come from (not of the sampled jobs). About 3.2 GPU-h for "equal" on 8-GPU nodes.
+    jobs come from (not of the sampled jobs). About 3.2-3.4 GPU-h for "equal" on 8-GPU nodes.
     """
     models, demands = _weights(intensity, _streams(seed))
     return _gpu_hours(models, demands, _durations(model, _check_gpus_per_node(gpus_per_node)))
