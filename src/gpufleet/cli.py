@@ -69,7 +69,12 @@ def _load_jobs(trace: str, columns: str | None, vc: str | None, reader: str | No
 def _load_cluster(cluster: Path | None, gpus: int | None):
     from gpufleet.spec import load_cluster
 
-    spec = load_cluster(cluster)
+    if cluster is not None and not cluster.exists() and cluster.suffix != ".toml":
+        from gpufleet.cli_sched import load_named_cluster
+
+        spec = load_named_cluster(str(cluster))  # a bundled cluster by name, e.g. deepshare-testbed
+    else:
+        spec = load_cluster(cluster)
     if gpus is not None:
         if gpus <= 0:
             raise typer.BadParameter("--gpus must be positive")
@@ -142,7 +147,9 @@ def simulate(
         "'submit=submission_time,duration=duration,gpus=num_gpu'.")] = None,
     reader: Annotated[str | None, typer.Option(help="Force a trace reader: philly, csv or parquet.")] = None,
     vc: Annotated[str | None, typer.Option(help="Only the jobs of this virtual cluster.")] = None,
-    cluster: Annotated[Path | None, typer.Option(help="Cluster TOML file (default: the bundled cluster).")] = None,
+    cluster: Annotated[Path | None, typer.Option(
+        help="Cluster TOML file or a bundled cluster's name (default, deepshare-testbed, deepshare-64, "
+        "h100-superpod, hetero-holmes; default: the bundled default).")] = None,
     gpus: Annotated[int | None, typer.Option(help="Resize the training pools to at least this many GPUs.")] = None,
     policy: Annotated[str, typer.Option(
         help="Comma-separated policies: fifo, sjf, srtf, las, tiresias, and Aryl's aryl, aryl-loan, aryl-elastic, "

@@ -39,7 +39,7 @@ def load_named_cluster(name: str | Path) -> Any:
 
     path = Path(name)
     if not path.is_file():
-        bundled = Path(str(resources.files("gpufleet.data").joinpath("clusters", f"{name}.toml")))
+        bundled = Path(str(resources.files("gpufleet.data").joinpath("clusters").joinpath(f"{name}.toml")))
         if bundled.is_file():
             path = bundled
         else:

@@ -1,7 +1,7 @@
 """``rl``: placement learned with PPO (stable-baselines3), with the heuristic as fallback (the paper's RL-hybrid).
 
 For each job the order offers, the policy sees :func:`gpufleet.sched.rl_features.observe` and picks a
-candidate node set or waits. A choice that does not fit now, or a wait while nothing runs (nothing would
+candidate node set, waits, or hands the decision to the heuristic. A choice that does not fit now, or a wait while nothing runs (nothing would
 ever wake the job), falls back to the ``contention`` heuristic's choice. With no ``model`` option it loads
 the small model that ships in the wheel (``gpufleet/data/rl/contention_ppo.zip``, trained by the command in
 docs/contention.md). torch, stable-baselines3 and gymnasium come with the ``rl`` extra.
@@ -19,7 +19,7 @@ import numpy as np
 from gpufleet.errors import ConfigError
 from gpufleet.sched.base import register
 from gpufleet.sched.netaware import CandidatePolicy, least_cost
-from gpufleet.sched.rl_features import WAIT, action_mask, observe
+from gpufleet.sched.rl_features import HEURISTIC, WAIT, action_mask, observe
 
 #: The model that ships in the wheel.
 DEFAULT_MODEL = "contention_ppo.zip"
@@ -43,7 +43,7 @@ def require_rl() -> None:
 
 def default_model_path() -> Path:
     """Where the shipped model lives."""
-    return Path(str(resources.files("gpufleet.data").joinpath("rl", DEFAULT_MODEL)))
+    return Path(str(resources.files("gpufleet.data").joinpath("rl").joinpath(DEFAULT_MODEL)))
 
 
 def load_model(path: str | Path | None) -> Any:
@@ -72,18 +72,22 @@ class LearnedPlacement(CandidatePolicy):
 
     name = "rl"
     summary = "network-aware placement learned with PPO (gpufleet sched train-rl); heuristic fallback"
-    options: ClassVar[dict[str, float | str]] = {"order": "srtf", "model": ""}
+    #: ``sample`` > 0: draw actions from the policy with that seed instead of taking the most likely one
+    options: ClassVar[dict[str, float | str]] = {"order": "srtf", "model": "", "sample": 0.0}
 
     def __init__(self, decider: Decider | None = None, **opts: Any) -> None:
         super().__init__(**opts)
         self.decider = decider
         self.decisions = 0
         self.fallbacks = 0
+        self.delegated = 0
         self.waits = 0
         self._policy: Any = None
 
     def bind(self, sim: Any) -> None:
         super().bind(sim)
+        seed = int(float(self.opts["sample"]))
+        self._rng = np.random.default_rng(seed) if seed > 0 else None
         if self.decider is None and self._policy is None:
             self._policy = load_model(str(self.opts["model"]) or None).policy
 
@@ -94,8 +98,10 @@ class LearnedPlacement(CandidatePolicy):
 
         with torch.no_grad():
             t = torch.as_tensor(obs[None, :])
-            dist = self._policy.get_distribution(t)
-            return int(dist.distribution.probs.argmax(dim=1).item())
+            probs = self._policy.get_distribution(t).distribution.probs[0].numpy()
+        if self._rng is None:
+            return int(probs.argmax())
+        return int(self._rng.choice(len(probs), p=probs / probs.sum()))
 
     def choose(self, j: int, p: int, part: Any, cands: list) -> int | None:
         sim = self.sim
@@ -109,5 +115,8 @@ class LearnedPlacement(CandidatePolicy):
             return None
         if action < WAIT and mask[action]:
             return action
-        self.fallbacks += 1
+        if action == HEURISTIC:
+            self.delegated += 1
+        else:
+            self.fallbacks += 1
         return least_cost(scores, sim.gpus[j])[0]  # type: ignore[union-attr]

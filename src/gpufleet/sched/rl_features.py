@@ -23,7 +23,10 @@ CLUSTER_FEATURES = 5
 OBS_SIZE = N_SLOTS * SLOT_FEATURES + JOB_FEATURES + CLUSTER_FEATURES
 #: The action that leaves the job waiting; 0 .. N_SLOTS-1 choose a slot.
 WAIT = N_SLOTS
-N_ACTIONS = N_SLOTS + 1
+#: The action that hands the decision to the contention heuristic (the paper's RL-hybrid, made explicit: the
+#: policy learns when to deviate from the heuristic rather than relearning it).
+HEURISTIC = N_SLOTS + 1
+N_ACTIONS = N_SLOTS + 2
 
 
 def observe(sim: Any, j: int, p: int, part: Any, cands: list, scores: list) -> np.ndarray:
@@ -68,9 +71,10 @@ def action_mask(cands: list, can_wait: bool) -> np.ndarray:
     for i, c in enumerate(cands):
         mask[i] = c is not None
     mask[WAIT] = can_wait
+    mask[HEURISTIC] = mask[:N_SLOTS].any()
     return mask
 
 
 def slot_names() -> list[str]:
     """Human names of the actions, for logs and reports."""
-    return [f"{n}-node {s}" if n else "fewest-nodes" for n, s in SLOTS] + ["wait"]
+    return [f"{n}-node {s}" if n else "fewest-nodes" for n, s in SLOTS] + ["wait", "heuristic"]

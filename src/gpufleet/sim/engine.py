@@ -86,6 +86,7 @@ class Simulator:
         # failed attempt, so an attempt that cannot succeed yet is skipped without walking the running heap
         self._churn = 0
         self._shelved: list[tuple] = []
+        self._scan_cache: tuple | None = None  # the last victim ranking of a scan policy, by (partition, time, churn)
         self._pfail: dict[int, tuple[int, int, int]] = {}
         # partitions a job may use, by its GPU type
         self._allowed = self._resolve_allowed()
@@ -454,13 +455,19 @@ class Simulator:
     def _victims_scan(self, p: int, wkey: float, now: float):
         """Running jobs of partition ``p`` worse than ``wkey``, worst first, ranked by a vectorised scan."""
         pol = self.policy
-        running = list(self._running[p])
-        if not running:
-            return
-        keys = pol.running_keys(np.fromiter(running, dtype=np.int64, count=len(running)), now)
-        order = np.argsort(-keys, kind="stable")
+        stamp = (p, now, self._churn)
+        cached = self._scan_cache
+        if cached is not None and cached[0] == stamp:
+            running, keys, order = cached[1]  # nothing started or stopped since: same ranking
+        else:
+            running = list(self._running[p])
+            if not running:
+                return
+            keys = pol.running_keys(np.fromiter(running, dtype=np.int64, count=len(running)), now)
+            order = np.argsort(-keys, kind="stable").tolist()
+            self._scan_cache = (stamp, (running, keys, order))
         protect = self.protect_until
-        for i in order.tolist():
+        for i in order:
             if not pol.should_preempt(float(keys[i]), wkey):
                 return
             if protect[running[i]] > now:

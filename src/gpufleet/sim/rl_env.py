@@ -6,8 +6,9 @@ synchronous, so an episode is exactly as deterministic as the simulator (same se
 
 Rewards, between one decision and the next:
 - ``jct`` (default): minus the job-time spent in the system in that interval (every arrived, unfinished job
-  counts), in hours per 8 GPUs of cluster; an episode's return is then minus the sum of true JCTs (queueing
-  included), scaled.
+  counts), in hours per job of the episode; an episode's return is then minus the average true JCT in hours
+  (queueing included). Train it undiscounted (gamma 1): with discounting, a policy that waits more makes
+  more decisions per hour and so discounts its own delays away.
 - ``paper``: Ryu & Eo's ``-w1 * contention slowdown + w2 * utilisation``, where the slowdown is one minus the
   mean contention ratio of the running multi-node jobs.
 """
@@ -110,7 +111,7 @@ def make_env(cluster: Any, sampler: EpisodeSampler, *, reward: str = "jct", w1: 
             if reward == "paper":
                 return self._paper_reward()
             acc = self._system_time(now)
-            r = -(acc - self._acc) / (3600.0 * self._scale)
+            r = -(acc - self._acc) / (3600.0 * self._scale)  # hours per job
             self._acc = acc
             return r
 
@@ -140,7 +141,7 @@ def make_env(cluster: Any, sampler: EpisodeSampler, *, reward: str = "jct", w1: 
                 policy = LearnedPlacement(decider=self._decide, order=order)
                 self.sim = Simulator(Workload.from_frame(jobs), parts, policy, SimConfig(network=True), network=net)
                 self._submit = np.asarray(self.sim.submit)
-                self._scale = max(self.sim.total_gpus / 8.0, 1.0)
+                self._scale = float(max(self.sim.n, 1))
                 self._acc = 0.0
                 self.episodes += 1
                 self._thread = threading.Thread(target=self._run, args=(self.sim,), daemon=True)

@@ -25,9 +25,10 @@ from gpufleet.sched.rl import require_rl
 TRAIN_SEED_BASE = 1_000_000
 #: Mixes training draws from, in turn.
 TRAIN_MIXES = ("heavy", "random", "medium", "light")
-#: PPO settings (small MLP, as the paper's; a shorter rollout than SB3's default suits short episodes).
+#: PPO settings (small MLP, as the paper's; a shorter rollout than SB3's default suits short episodes). Undiscounted:
+#: the JCT reward's return is minus the average JCT only with gamma = 1 (see gpufleet.sim.rl_env).
 PPO_SETTINGS: dict[str, Any] = {"n_steps": 1024, "batch_size": 128, "n_epochs": 5, "learning_rate": 3e-4,
-                                "gamma": 0.995, "gae_lambda": 0.95, "ent_coef": 0.01}
+                                "gamma": 1.0, "gae_lambda": 0.95, "ent_coef": 0.01}
 
 
 @dataclass(frozen=True)
