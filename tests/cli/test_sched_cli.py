@@ -21,8 +21,8 @@ def heavy_mix(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
-    from gpufleet.sim.rl_train import MixSampler, train_rl
     from gpufleet.cli_sched import load_named_cluster
+    from gpufleet.sim.rl_train import MixSampler, train_rl
 
     out = tmp_path_factory.mktemp("rl") / "tiny.zip"
     train_rl(load_named_cluster("deepshare-testbed"), out, steps=1024, seed=0, sampler=MixSampler(jobs=24),
