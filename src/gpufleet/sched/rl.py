@@ -1,10 +1,11 @@
 """``rl``: placement learned with PPO (stable-baselines3), with the heuristic as fallback (the paper's RL-hybrid).
 
 For each job the order offers, the policy sees :func:`gpufleet.sched.rl_features.observe` and picks a
-candidate node set, waits, or hands the decision to the heuristic. A choice that does not fit now, or a wait
-while nothing runs (nothing would ever wake the job), falls back to the ``contention`` heuristic's choice. With no ``model`` option it loads
-the small model that ships in the wheel (``gpufleet/data/rl/contention_ppo.zip``, trained by the command in
-docs/contention.md). torch, stable-baselines3 and gymnasium come with the ``rl`` extra.
+candidate node set, waits, or hands the decision to the heuristic. A choice that does not fit now, or a
+wait while nothing runs (nothing would ever wake the job), falls back to the ``contention`` heuristic's
+choice. With no ``model`` option it loads the small model that ships in the wheel
+(``gpufleet/data/rl/contention_ppo.zip``, trained by the command in docs/contention.md). torch,
+stable-baselines3 and gymnasium come with the ``rl`` extra.
 """
 
 from __future__ import annotations
