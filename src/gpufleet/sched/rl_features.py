@@ -3,7 +3,8 @@
 Per candidate slot (:data:`gpufleet.sched.candidates.SLOTS`): whether it fits, its node count, the job's
 predicted speed and contention ratio there, the speed it would take from jobs sharing its links (per GPU
 of the job), the NIC load on its nodes and how full its nodes would be. Then the job (its communication
-sensitivity and intensity on two nodes, its GPU share of a node, its remaining work) and the cluster
+sensitivity and intensity on two nodes, its GPU share of a node, its remaining work, how soon the first
+running job ends and how many GPUs free up within a quarter of its own length) and the cluster
 (busy share, share of whole free nodes, queue length and queued GPU demand, mean NIC load). Nothing
 depends on the number of nodes, so a policy trained on the 4-node testbed runs on a 64-node cluster.
 """
@@ -18,7 +19,7 @@ import numpy as np
 from gpufleet.sched.candidates import N_SLOTS, SLOTS
 
 SLOT_FEATURES = 7
-JOB_FEATURES = 4
+JOB_FEATURES = 6
 CLUSTER_FEATURES = 5
 OBS_SIZE = N_SLOTS * SLOT_FEATURES + JOB_FEATURES + CLUSTER_FEATURES
 #: The action that leaves the job waiting; 0 .. N_SLOTS-1 choose a slot.
@@ -54,7 +55,18 @@ def observe(sim: Any, j: int, p: int, part: Any, cands: list, scores: list) -> n
     else:
         s2 = p2 = 0.0
     rem_h = sim.remaining[j] / 3600.0
-    obs[base:base + JOB_FEATURES] = (min(s2, 2.0), min(p2, 4.0) / 4.0, g / gpn, math.log1p(rem_h) / 3.0)
+    # how soon GPUs free up, against this job's own length: tells waiting for a better node set from stalling
+    running = sim.running_jobs()
+    if running:
+        left = np.asarray([sim.expected_finish[k] for k in running]) - sim.now
+        size = np.asarray([sim.gpus[k] for k in running], dtype=np.float64)
+        horizon = max(sim.remaining[j], 1.0)
+        soon = float(np.clip(left.min() / horizon, 0.0, 4.0)) / 4.0
+        freeing = float(size[left <= 0.25 * horizon].sum()) / sim.total_gpus
+    else:
+        soon, freeing = 0.0, 0.0
+    obs[base:base + JOB_FEATURES] = (min(s2, 2.0), min(p2, 4.0) / 4.0, g / gpn, math.log1p(rem_h) / 3.0, soon,
+                                     freeing)
     base += JOB_FEATURES
     total = sim.total_gpus
     whole = sum(len(q.buckets[q.gpus_per_node]) for q in sim.parts)
