@@ -73,8 +73,9 @@ class LearnedPlacement(CandidatePolicy):
 
     name = "rl"
     summary = "network-aware placement learned with PPO (gpufleet sched train-rl); heuristic fallback"
-    #: ``sample`` > 0: draw actions from the policy with that seed instead of taking the most likely one
-    options: ClassVar[dict[str, float | str]] = {"order": "srtf", "model": "", "sample": 0.0}
+    #: ``sample`` > 0: draw actions from the policy with that seed (deterministic for the seed); 0: take the
+    #: most likely action, which waits more (upstream's RL also samples by default: its argmax can livelock)
+    options: ClassVar[dict[str, float | str]] = {"order": "srtf", "model": "", "sample": 1.0}
 
     def __init__(self, decider: Decider | None = None, **opts: Any) -> None:
         super().__init__(**opts)
