@@ -331,6 +331,9 @@ def _split_policies(text: str) -> tuple[list[str], dict[str, str]]:
             if not path:
                 raise typer.BadParameter(f"--policy '{item}': give a model path after ':'")
             paths[name] = path
+        if name in names:
+            raise typer.BadParameter(f"--policy names '{name}' twice (one run per policy; compare models with "
+                                     "separate runs or `gpufleet sched eval-rl`)")
         names.append(name)
     return names, paths
 

@@ -195,7 +195,9 @@ class ContentionModel:
             if not counts:
                 raise ConfigError(f"no isolated throughput for '{model}'")
             near = min(counts, key=lambda g: abs(math.log(g / gpus)))
-            return self.isolated_throughput(model, near, max(1, min(nodes, near))) * gpus / near
+            # keep the GPUs per node: 16 GPUs on 4 nodes behaves like 8 GPUs on 2
+            scaled_nodes = max(1, round(nodes * near / gpus))
+            return self.isolated_throughput(model, near, scaled_nodes) * gpus / near
         if nodes <= 1:
             two = measured.get(2, measured[min(measured)])
             u = self.comm_share(model, gpus, 2)
@@ -209,7 +211,8 @@ class ContentionModel:
         fewest = max(1, -(-gpus // gpus_per_node))
         if nodes <= fewest:
             return 1.0
-        return self.isolated_throughput(model, gpus, nodes) / self.isolated_throughput(model, gpus, fewest)
+        speed = self.isolated_throughput(model, gpus, nodes) / self.isolated_throughput(model, gpus, fewest)
+        return min(speed, 1.0)  # a job's duration is its time on the fewest nodes: spreading never beats it
 
     def duration_s(self, model: str, gpus: int, gpus_per_node: int = 8) -> float:
         """Seconds a DeepShare job of ``model`` on ``gpus`` GPUs takes alone on the fewest nodes."""

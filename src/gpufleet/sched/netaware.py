@@ -9,7 +9,7 @@
   that the published comparison is reproduced (its baselines spread every job over up to 4 nodes).
 
 Jobs are taken in ``order`` (``srtf``: least remaining work; ``las``: least attained service; ``fifo``);
-these policies do not preempt.
+``contention``, ``random`` and ``rl`` do not preempt; the spread variants preempt as LAS and SRTF do.
 """
 
 from __future__ import annotations

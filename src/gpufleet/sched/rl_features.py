@@ -3,9 +3,9 @@
 Per candidate slot (:data:`gpufleet.sched.candidates.SLOTS`): whether it fits, its node count, the job's
 predicted speed and contention ratio there, the speed it would take from jobs sharing its links (per GPU
 of the job), the NIC load on its nodes and how full its nodes would be. Then the job (its communication
-sensitivity and intensity on two nodes, its GPU share of a node, its remaining work, how soon the first
-running job ends and how many GPUs free up within a quarter of its own length) and the cluster
-(busy share, share of whole free nodes, queue length and queued GPU demand, mean NIC load). Nothing
+sensitivity and intensity on two nodes, its GPU share of a node, its remaining work, how soon enough GPUs
+for it free up and how many free up within a quarter of its length, in units of its own size) and the
+cluster (busy share, share of whole free nodes, queued jobs per node and queued GPU demand, mean NIC load). Nothing
 depends on the number of nodes, so a policy trained on the 4-node testbed runs on a 64-node cluster.
 """
 
@@ -50,39 +50,45 @@ def observe(sim: Any, j: int, p: int, part: Any, cands: list, scores: list) -> n
     if prof is not None and g > 1:
         m = net.model
         sc = float(net.comm.scale[j])
-        s2 = m.sensitivity(prof, g, 2) * sc
-        p2 = m.intensity(prof, g, 2) * sc
+        s2 = m.sensitivity(prof, g, 2, net.nic_gbps(p)) * sc
+        p2 = m.intensity(prof, g, 2, net.nic_gbps(p)) * sc
     else:
         s2 = p2 = 0.0
     rem_h = sim.remaining[j] / 3600.0
-    # how soon GPUs free up, against this job's own length: tells waiting for a better node set from stalling
+    # how soon enough GPUs for this job free up, against its own length, and how many free up within a quarter
+    # of it, in units of its own size: both mean the same on 4 nodes or 4,000 (a cluster-wide minimum would not)
     running = sim.running_jobs()
+    horizon = max(sim.remaining[j], 1.0)
+    soon, freeing = 1.0, 0.0
     if running:
         left = np.asarray([sim.expected_finish[k] for k in running]) - sim.now
         size = np.asarray([sim.gpus[k] for k in running], dtype=np.float64)
-        horizon = max(sim.remaining[j], 1.0)
-        soon = float(np.clip(left.min() / horizon, 0.0, 4.0)) / 4.0
-        freeing = float(size[left <= 0.25 * horizon].sum()) / sim.total_gpus
-    else:
-        soon, freeing = 0.0, 0.0
+        order = np.argsort(left, kind="stable")
+        enough = np.searchsorted(np.cumsum(size[order]), g - part.total_free)
+        if enough < len(order):
+            soon = float(np.clip(left[order[enough]] / horizon, 0.0, 4.0)) / 4.0
+        freeing = min(float(size[left <= 0.25 * horizon].sum()) / g, 4.0) / 4.0
     obs[base:base + JOB_FEATURES] = (min(s2, 2.0), min(p2, 4.0) / 4.0, g / gpn, math.log1p(rem_h) / 3.0, soon,
                                      freeing)
     base += JOB_FEATURES
     total = sim.total_gpus
     whole = sum(len(q.buckets[q.gpus_per_node]) for q in sim.parts)
     nodes = sum(q.nodes for q in sim.parts)
-    mean_load = (sum(net.load[: len(net.load)]) / max(nodes, 1)) if net is not None else 0.0
-    obs[base:base + CLUSTER_FEATURES] = (sim.busy / total, whole / nodes, math.log1p(sim.n_waiting) / 8.0,
+    mean_load = (sum(net.load[i] for i, up in enumerate(net.uplink) if not up) / max(nodes, 1)
+                 if net is not None else 0.0)
+    obs[base:base + CLUSTER_FEATURES] = (sim.busy / total, whole / nodes, math.log1p(sim.n_waiting / nodes) / 4.0,
                                          min(sim.waiting_gpus / total, 4.0) / 4.0, min(mean_load, 4.0) / 4.0)
     return obs
 
 
 def action_mask(cands: list, can_wait: bool) -> np.ndarray:
-    """Which actions are feasible: the slots that fit, and waiting when something will happen anyway."""
+    """Which actions are feasible: the slots that fit; waiting only for a job that no single node fits now
+    (waiting is for a consolidated placement later) and only while something runs (an event will come)."""
     mask = np.zeros(N_ACTIONS, dtype=bool)
     for i, c in enumerate(cands):
         mask[i] = c is not None
-    mask[WAIT] = can_wait
+    one_node = any(c is not None for (n, _), c in zip(SLOTS, cands, strict=False) if n == 1)
+    mask[WAIT] = can_wait and not one_node
     mask[HEURISTIC] = mask[:N_SLOTS].any()
     return mask
 

@@ -21,5 +21,6 @@ class ShortestRemainingTimeFirst(Policy):
         return sim.remaining[j] - sim.progress_now(j, now)  # type: ignore[union-attr]
 
     def running_order_key(self, j: int, now: float) -> float:
-        # fixed while running and ordered like the remaining time: the expected completion time
+        # ordered like the remaining time: the expected completion time (fixed while the speed is; with --network
+        # the simulator re-pushes a job whose speed changes)
         return self.sim.expected_finish[j]  # type: ignore[union-attr]

@@ -267,7 +267,8 @@ class Simulator:
             self.protect_until[j] = until
             if until < fin:
                 self._seq += 1
-                heapq.heappush(self._events, (until, _UNPROTECT, self._seq, j, self._ver[j]))
+                # versioned by the start token: a speed change (new completion version) must not drop it
+                heapq.heappush(self._events, (until, _UNPROTECT, self._seq, j, self.token[j] + 1))
         self._running[p][j] = None
         if self.policy.preemptive and not self.policy.scan_running:
             self._push_running(j)
@@ -629,7 +630,7 @@ class Simulator:
                         pol.on_timer(j, x[1], t)
                         changed = True
                 elif kind == _UNPROTECT:
-                    if x == ver[j]:
+                    if x == token[j]:
                         self._churn += self.gpus[j]  # the job became a possible victim
                         changed = True
                 elif seq == self._wakeup_seq:

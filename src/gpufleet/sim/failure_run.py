@@ -65,7 +65,12 @@ def run_failure_one(run: FailureRun) -> SimResult:
     origin = float(workload.submit[0]) if len(workload) else 0.0
     predictor = run.alerts is not None and run.settings.drain
     plan = OutagePlan.build(run.failures, run.alerts if predictor else None, parts, origin, run.settings)
-    result = Simulator(workload, parts, policy, run.config, plan).run()
+    network = None
+    if run.config.network:
+        from gpufleet.sim.network import network_for
+
+        network = network_for(run.cluster, parts, run.jobs, placement_penalty=run.config.placement_penalty)
+    result = Simulator(workload, parts, policy, run.config, plan, network=network).run()
     result.summary["predictor"] = predictor
     if predictor:
         result.policy = f"{run.policy}+predictor"

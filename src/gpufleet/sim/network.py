@@ -214,6 +214,10 @@ class NetworkState:
         self.worst[j] = term
         return 1.0 / (1.0 + s * term)
 
+    def current_ratio(self, j: int) -> float:
+        """The ratio in force for running job ``j`` (no side effect: for observers such as rewards)."""
+        return self.committed.get(j, 1.0)
+
     def speed(self, j: int) -> float:
         """Speed of running job ``j`` relative to running alone on the fewest nodes (placement x contention)."""
         r = self.ratio(j)
@@ -267,6 +271,10 @@ class NetworkState:
                     after = max(after, a)
                 harm += self.gpus[k] * self.base_speed[k] * (1.0 / (1.0 + sk * before) - 1.0 / (1.0 + sk * after))
         return speed * own, own, harm
+
+    def nic_gbps(self, p: int) -> float:
+        """Line rate of one node of partition ``p``, Gbit/s (all its NICs)."""
+        return self._gbps[p]
 
     def nic_load(self, p: int, node: int) -> float:
         """Traffic intensity on the NIC link of ``node`` of partition ``p``."""

@@ -103,7 +103,7 @@ def make_env(cluster: Any, sampler: EpisodeSampler, *, reward: str = "jct", w1: 
         def _paper_reward(self) -> float:
             sim = self.sim
             net = sim.network  # type: ignore[union-attr]
-            ratios = [net.ratio(k) for k, links in net.links.items() if links]
+            ratios = [net.current_ratio(k) for k, links in net.links.items() if links]
             slowdown = 1.0 - (float(np.mean(ratios)) if ratios else 1.0)
             return -w1 * slowdown + w2 * sim.busy / sim.total_gpus  # type: ignore[union-attr]
 
@@ -134,7 +134,7 @@ def make_env(cluster: Any, sampler: EpisodeSampler, *, reward: str = "jct", w1: 
             if seed is not None:
                 self._rng = np.random.default_rng(seed)
             self._stop()
-            while True:
+            for _ in range(100):
                 jobs = sampler(self._rng)
                 parts = partitions_for(cluster)
                 net = network_for(cluster, parts, jobs)
@@ -149,6 +149,8 @@ def make_env(cluster: Any, sampler: EpisodeSampler, *, reward: str = "jct", w1: 
                 obs, _, done, info = self._next()
                 if not done:  # an episode without a single decision teaches nothing: draw another
                     return obs, info
+            raise ConfigError("100 episodes in a row needed no placement decision: do the jobs fit the cluster, "
+                              "and does each episode have jobs?")
 
         def step(self, action: int):
             self._to_sim.put(int(action))

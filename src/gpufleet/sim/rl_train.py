@@ -3,7 +3,9 @@
 Training draws each episode from DeepShare-style mixes (or windows of a user's trace) with seeds from
 :data:`TRAIN_SEED_BASE` up; evaluation uses seeds below it, so no evaluated mix was ever trained on.
 Training is deterministic for a seed (one torch thread, seeded PPO and episode sampler), shows a progress
-bar, writes a checkpoint every ``checkpoint_every`` steps and resumes from the newest one.
+bar, writes a checkpoint every ``checkpoint_every`` steps and resumes from the newest one. PPO learns in whole
+rollouts, so the step count rounds up to a multiple of 1,024; a resumed run reseeds its sampler from the
+checkpoint's step count, so it is deterministic too but not identical to an uninterrupted run.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ class MixSampler:
     """Episodes from DeepShare-style mixes: a mix name and a fresh seed per episode; batch or Poisson arrival."""
 
     mixes: Sequence[str] = TRAIN_MIXES
-    jobs: int = 128
+    jobs: int = 128  # the mean: each episode draws 0.5x, 1x or 2x this many
     gpus_per_node: int = 8
     poisson_share: float = 0.5
 
@@ -46,7 +48,8 @@ class MixSampler:
         mix = self.mixes[int(rng.integers(len(self.mixes)))]
         seed = TRAIN_SEED_BASE + int(rng.integers(1 << 30))
         arrival = "poisson" if rng.random() < self.poisson_share else "batch"
-        return generate_mix(mix, jobs=self.jobs, seed=seed, arrival=arrival, gpus_per_node=self.gpus_per_node)
+        jobs = max(2, int(self.jobs * (0.5, 1.0, 2.0)[int(rng.integers(3))]))
+        return generate_mix(mix, jobs=jobs, seed=seed, arrival=arrival, gpus_per_node=self.gpus_per_node)
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,8 @@ def train_rl(cluster: Any, out: str | Path, *, steps: int = 100_000, seed: int =
 
     if steps < 1:
         raise ConfigError("--steps must be at least 1")
+    if checkpoint_every < 1:
+        raise ConfigError("--checkpoint-every must be at least 1")
     torch.set_num_threads(1)
     out = Path(out)
     if out.suffix != ".zip":
@@ -149,13 +154,18 @@ def train_rl(cluster: Any, out: str | Path, *, steps: int = 100_000, seed: int =
 
     t0 = time.perf_counter()
     left = steps - done_steps
-    if left > 0:
-        model.learn(total_timesteps=left, callback=Progress(), reset_num_timesteps=not found,
-                    progress_bar=False)
+    callback = Progress()
+    try:
+        if left > 0:
+            model.learn(total_timesteps=left, callback=callback, reset_num_timesteps=not found,
+                        progress_bar=False)
+    finally:
+        if callback._bar is not None:
+            callback._bar.stop()
+        env.close()  # never leave a simulator thread waiting for an action
     wall = time.perf_counter() - t0
     out.parent.mkdir(parents=True, exist_ok=True)
     model.save(str(out))
-    env.close()
     recent = returns[-20:]
     return {"model": str(out), "steps": int(model.num_timesteps), "resumed_from": done_steps,
             "episodes": len(returns), "train_s": wall, "seed": seed, "reward": reward,
@@ -182,7 +192,8 @@ def eval_policies(cluster: Any, policies: Sequence[str], *, mix: str = "heavy", 
             s = r.summary
             rows.append({"policy": name, "seed": int(seed), "avg_jct_s": s["avg_jct_s"], "p99_jct_s": s["p99_jct_s"],
                          "makespan_s": s["makespan_s"], "gpu_util": s["gpu_util"],
-                         "contention_gpu_h": s["contention_gpu_h"], "multi_node_share": s["multi_node_share"],
+                         "contention_gpu_h": s.get("contention_gpu_h", 0.0),
+                         "multi_node_share": s.get("multi_node_share", 0.0),
                          "wall_s": s["wall_s"]})
     return pl.DataFrame(rows)
 
