@@ -9,6 +9,7 @@ import polars as pl
 import pytest
 
 pytest.importorskip("stable_baselines3")
+pytest.importorskip("sb3_contrib")
 pytest.importorskip("gymnasium")
 
 from gpufleet.errors import ConfigError
@@ -97,10 +98,10 @@ def test_training_is_deterministic_checkpoints_and_resumes(tmp_path) -> None:
     assert ckpts == ["rl_1024_steps.zip", "rl_512_steps.zip"]
     out_b = tmp_path / "b.zip"
     train_rl(_cluster(), out_b, steps=1024, seed=1, sampler=_sampler(), checkpoint_every=512, progress=False)
-    from stable_baselines3 import PPO
+    from sb3_contrib import MaskablePPO
 
-    pa = PPO.load(str(out_a)).policy.state_dict()
-    pb = PPO.load(str(out_b)).policy.state_dict()
+    pa = MaskablePPO.load(str(out_a)).policy.state_dict()
+    pb = MaskablePPO.load(str(out_b)).policy.state_dict()
     assert all(np.array_equal(pa[k].numpy(), pb[k].numpy()) for k in pa)
     # resume: continues from the newest checkpoint to the new total
     s2 = train_rl(_cluster(), out_a, steps=2048, seed=1, sampler=_sampler(), checkpoint_every=512, progress=False)

@@ -1,4 +1,4 @@
-"""``rl``: placement learned with PPO (stable-baselines3), with the heuristic as fallback (the paper's RL-hybrid).
+"""``rl``: placement learned with masked PPO (sb3-contrib), with the heuristic as fallback (the paper's RL-hybrid).
 
 For each job the order offers, the policy sees :func:`gpufleet.sched.rl_features.observe` and picks a
 candidate node set, waits, or hands the decision to the heuristic. A choice that does not fit now, or a
@@ -33,7 +33,7 @@ Decider = Callable[[np.ndarray, np.ndarray], int]
 def require_rl() -> None:
     """Raise a ConfigError naming the extra when torch / stable-baselines3 / gymnasium are missing."""
     missing = []
-    for mod in ("torch", "stable_baselines3", "gymnasium"):
+    for mod in ("torch", "stable_baselines3", "sb3_contrib", "gymnasium"):
         try:
             __import__(mod)
         except ImportError:
@@ -57,11 +57,11 @@ def load_model(path: str | Path | None) -> Any:
             hint = " (the shipped model is missing: train one with `gpufleet sched train-rl`)" if not path else ""
             raise ConfigError(f"RL model {target} not found{hint}")
         import torch
-        from stable_baselines3 import PPO
+        from sb3_contrib import MaskablePPO
 
         torch.set_num_threads(1)
         try:
-            _MODELS[key] = PPO.load(str(target), device="cpu")
+            _MODELS[key] = MaskablePPO.load(str(target), device="cpu")
         except Exception as exc:  # a corrupt or foreign zip
             raise ConfigError(f"cannot load RL model {target}: {exc}") from exc
     return _MODELS[key]
@@ -100,7 +100,10 @@ class LearnedPlacement(CandidatePolicy):
 
         with torch.no_grad():
             t = torch.as_tensor(obs[None, :])
-            probs = self._policy.get_distribution(t).distribution.probs[0].numpy()
+            probs = self._policy.get_distribution(t).distribution.probs[0].numpy().astype(np.float64)
+        probs = probs * mask  # trained with the same mask (MaskablePPO): infeasible actions have no meaning
+        if probs.sum() <= 0.0:
+            return HEURISTIC
         if self._rng is None:
             return int(probs.argmax())
         return int(self._rng.choice(len(probs), p=probs / probs.sum()))
