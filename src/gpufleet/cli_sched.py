@@ -60,6 +60,9 @@ def train_rl_cmd(
     comm_mix: Annotated[str | None, typer.Option(help="profiles for --trace jobs without a known model, e.g. "
                                                       "'FSDP=0.5,MoE=0.5'")] = None,
     cluster: Annotated[str, typer.Option(help="cluster TOML or bundled name")] = DEFAULT_CLUSTER,
+    sizes: Annotated[str, typer.Option(help="train on the cluster scaled by these factors, one drawn per episode "
+                                            "(e.g. '1,4': the 4-node testbed and a 16-node one), so that the "
+                                            "policy sees more than one cluster size")] = "1,4",
     steps: Annotated[int, typer.Option(help="placement decisions to train for (PPO environment steps)")] = 200_000,
     jobs: Annotated[int, typer.Option(help="jobs per training episode")] = 128,
     seed: Annotated[int, typer.Option(help="seed of PPO and of the episode sampler (training is deterministic)")] = 0,
@@ -73,7 +76,18 @@ def train_rl_cmd(
     from gpufleet.sim.rl_train import MixSampler, TraceSampler, train_rl
 
     spec = load_named_cluster(cluster)
-    gpn = max(p.gpus_per_node for p in spec.pools if p.kind == "training")
+    from gpufleet.sim.workload import partitions_for
+
+    parts = partitions_for(spec)  # a SpecError if the cluster has no training pool
+    gpn = max(p.gpus_per_node for p in parts)
+    try:
+        factors = [int(x) for x in sizes.split(",") if x.strip()]
+    except ValueError as exc:
+        raise typer.BadParameter(f"--sizes must be comma-separated integers, got '{sizes}'") from exc
+    if not factors or min(factors) < 1:
+        raise typer.BadParameter("--sizes needs factors of at least 1")
+    total = sum(p.total for p in parts)
+    specs = [spec if f == 1 else spec.resized(total * f) for f in factors]
     if trace is not None:
         from gpufleet.cli import _load_jobs, _with_comm_profiles
 
@@ -81,7 +95,7 @@ def train_rl_cmd(
         sampler: Any = TraceSampler(frame, jobs)
     else:
         sampler = MixSampler(jobs=jobs, gpus_per_node=gpn)
-    summary = train_rl(spec, output, steps=steps, seed=seed, sampler=sampler, reward=reward,
+    summary = train_rl(specs, output, steps=steps, seed=seed, sampler=sampler, reward=reward,
                        checkpoint_every=checkpoint_every, resume=resume, progress=not as_json and err.is_terminal)
     if as_json:
         print(json.dumps(summary, indent=2))
@@ -108,7 +122,9 @@ def eval_rl_cmd(
         raise typer.BadParameter("--seeds must be at least 1")
     spec = load_named_cluster(cluster)
     names = [p.strip() for p in policies.split(",") if p.strip()]
-    pools = [p for p in spec.pools if p.kind == "training"]
+    from gpufleet.sim.workload import partitions_for
+
+    pools = partitions_for(spec)  # a SpecError if the cluster has no training pool
     nodes = sum(p.nodes for p in pools)
     n_jobs = jobs if jobs is not None else 256 * max(1, nodes // 4)
     opts = {"rl": {"model": str(model)}} if model is not None else {}

@@ -205,7 +205,6 @@ def test_candidates_cover_each_shape_and_respect_free_gpus() -> None:
     assert by_slot[(1, "pack")] == [(2, 8)]
     assert by_slot[(2, "pack")] == [(1, 4), (2, 4)]  # best fit: the 6-free node first
     assert by_slot[(4, "pack")] == [(0, 2), (1, 2), (2, 2), (3, 2)]
-    assert by_slot[(8, "pack")] is None  # only 4 nodes
     for c in cands:
         if c is not None:
             assert sum(g for _, g in c) == 8

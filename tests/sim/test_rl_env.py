@@ -31,7 +31,7 @@ def _cluster(nodes: int = 4):
 
 
 def _sampler(n: int = 24):
-    def draw(rng: np.random.Generator) -> pl.DataFrame:
+    def draw(rng: np.random.Generator, nodes: int = 4) -> pl.DataFrame:
         models = rng.choice(DEEPSHARE_MODELS, size=n)
         gpus = rng.choice([2, 4, 8], size=n)
         return pl.DataFrame({"job_id": [str(i) for i in range(n)], "submit_s": np.zeros(n),

@@ -1,6 +1,7 @@
 """Candidate node sets for a job: a fixed, small menu of placements that scales to any cluster size.
 
-Each slot is a shape (the job's GPUs split evenly over 1, 2, 4 or 8 nodes) and a way to pick the nodes:
+Each slot is a shape (the job's GPUs split evenly over 1, 2 or 4 nodes, the spreads DeepShare measured on its
+4-node testbed) and a way to pick the nodes:
 
 - ``pack``: the nodes with the fewest free GPUs that still fit the share (best fit, keeps whole nodes free);
 - ``net``: for one node, the node whose NIC carries the most traffic (a single-node job does not use the
@@ -16,8 +17,10 @@ from __future__ import annotations
 
 from typing import Any
 
-#: Node counts a job may be spread over (even split of its GPUs).
-SHAPES = (1, 2, 4, 8)
+#: Node counts a job may be spread over (even split of its GPUs). No 8-node shape: a learned policy trained on
+#: the 4-node testbed never saw one fit, so its choice there would be untrained; larger jobs still get the
+#: fewest-nodes slot.
+SHAPES = (1, 2, 4)
 #: (nodes, strategy) per slot, then the uneven fewest-nodes fallback as (0, "any").
 SLOTS: tuple[tuple[int, str], ...] = (*((n, s) for n in SHAPES for s in ("pack", "net")), (0, "any"))
 N_SLOTS = len(SLOTS)

@@ -31,8 +31,9 @@ from gpufleet.sim.network import network_for
 from gpufleet.sim.workload import Workload, partitions_for
 
 REWARDS = ("jct", "paper")
-#: Draws an episode's jobs (a canonical frame with a ``model`` column) from a seeded generator.
-EpisodeSampler = Callable[[np.random.Generator], Any]
+#: Draws an episode's jobs (a canonical frame with a ``model`` column) from a seeded generator, for a cluster of
+#: the given number of training nodes.
+EpisodeSampler = Callable[[np.random.Generator, int], Any]
 
 
 class _Abort(Exception):
@@ -41,7 +42,13 @@ class _Abort(Exception):
 
 def make_env(cluster: Any, sampler: EpisodeSampler, *, reward: str = "jct", w1: float = 0.5, w2: float = 0.5,
              seed: int = 0, order: str = "srtf") -> Any:
-    """A :class:`ContentionEnv` (built lazily so that gymnasium is imported only when asked for)."""
+    """A :class:`ContentionEnv` (built lazily so that gymnasium is imported only when asked for).
+
+    ``cluster`` is one cluster spec or a list of them: each episode then runs on one drawn at random (a policy
+    that must work on any cluster size learns from more than one)."""
+    clusters = list(cluster) if isinstance(cluster, (list, tuple)) else [cluster]
+    if not clusters:
+        raise ConfigError("the RL environment needs at least one cluster")
     require_rl()
     import gymnasium as gym
 
@@ -135,9 +142,10 @@ def make_env(cluster: Any, sampler: EpisodeSampler, *, reward: str = "jct", w1: 
                 self._rng = np.random.default_rng(seed)
             self._stop()
             for _ in range(100):
-                jobs = sampler(self._rng)
-                parts = partitions_for(cluster)
-                net = network_for(cluster, parts, jobs)
+                spec = clusters[int(self._rng.integers(len(clusters)))] if len(clusters) > 1 else clusters[0]
+                parts = partitions_for(spec)
+                jobs = sampler(self._rng, sum(p.nodes for p in parts))
+                net = network_for(spec, parts, jobs)
                 policy = LearnedPlacement(decider=self._decide, order=order)
                 self.sim = Simulator(Workload.from_frame(jobs), parts, policy, SimConfig(network=True), network=net)
                 self._submit = np.asarray(self.sim.submit)

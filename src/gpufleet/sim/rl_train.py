@@ -38,17 +38,17 @@ class MixSampler:
     """Episodes from DeepShare-style mixes: a mix name and a fresh seed per episode; batch or Poisson arrival."""
 
     mixes: Sequence[str] = TRAIN_MIXES
-    jobs: int = 128  # the mean: each episode draws 0.5x, 1x or 2x this many
+    jobs: int = 128  # per 4 nodes, on average: each episode draws 0.5x, 1x or 2x this many
     gpus_per_node: int = 8
     poisson_share: float = 0.5
 
-    def __call__(self, rng: np.random.Generator) -> pl.DataFrame:
+    def __call__(self, rng: np.random.Generator, nodes: int = 4) -> pl.DataFrame:
         from gpufleet.traces.mixes import generate_mix
 
         mix = self.mixes[int(rng.integers(len(self.mixes)))]
         seed = TRAIN_SEED_BASE + int(rng.integers(1 << 30))
         arrival = "poisson" if rng.random() < self.poisson_share else "batch"
-        jobs = max(2, int(self.jobs * (0.5, 1.0, 2.0)[int(rng.integers(3))]))
+        jobs = max(2, int(self.jobs * max(nodes, 1) / 4 * (0.5, 1.0, 2.0)[int(rng.integers(3))]))
         return generate_mix(mix, jobs=jobs, seed=seed, arrival=arrival, gpus_per_node=self.gpus_per_node)
 
 
@@ -59,7 +59,7 @@ class TraceSampler:
     trace: pl.DataFrame
     jobs: int = 128
 
-    def __call__(self, rng: np.random.Generator) -> pl.DataFrame:
+    def __call__(self, rng: np.random.Generator, nodes: int = 4) -> pl.DataFrame:
         n = self.trace.height
         size = min(self.jobs, n)
         start = int(rng.integers(0, n - size + 1))
@@ -79,7 +79,8 @@ def _checkpoints(folder: Path) -> list[tuple[int, Path]]:
 def train_rl(cluster: Any, out: str | Path, *, steps: int = 100_000, seed: int = 0,
              sampler: Callable[[np.random.Generator], pl.DataFrame] | None = None, reward: str = "jct",
              checkpoint_every: int = 10_000, resume: bool = True, progress: bool = True) -> dict[str, Any]:
-    """Train PPO on ``cluster`` for ``steps`` decisions and save the model to ``out`` (a .zip).
+    """Train PPO on ``cluster`` (one spec or a list, one drawn per episode) for ``steps`` decisions and save the
+    model to ``out`` (a .zip).
 
     Checkpoints go to ``<out>.ckpt/``; with ``resume`` the newest one is loaded and training continues to
     ``steps`` in total. Returns a summary (steps, episodes, seconds, mean episode return of the last 20).
