@@ -172,8 +172,9 @@ def main() -> None:
     meta = default_model_path().with_suffix(".json")
     if not args.model and meta.is_file():
         info = json.loads(meta.read_text())
-        console.print(f"shipped rl model: {info.get('steps', '?'):,} PPO steps in {info.get('train_s', 0):.0f} s "
-                      f"on this machine's CPU (command: {info.get('command', '?')})")
+        console.print(f"shipped rl model: the checkpoint at {info.get('steps', 0):,} steps of a "
+                      f"{info.get('run_steps', 0):,}-step run that took {info.get('train_s', 0):.0f} s on a "
+                      f"{info.get('machine', '?')}; {info.get('command', '?')}")
     if not args.skip_philly:
         philly(args.philly_policies.split(","))
     if args.json:

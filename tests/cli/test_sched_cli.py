@@ -93,3 +93,17 @@ def test_eval_rl_unknown_cluster_is_a_clear_error(monkeypatch, capsys) -> None:
     code, _, err = run_main(monkeypatch, capsys, "sched", "eval-rl", "--cluster", "nowhere")
     assert code == 2
     assert "deepshare-testbed" in err
+
+
+def test_shipped_model_runs_by_default(monkeypatch, capsys, heavy_mix) -> None:
+    from gpufleet.sched.rl import default_model_path
+
+    assert default_model_path().is_file(), "the wheel ships a trained rl model"
+    meta = json.loads(default_model_path().with_suffix(".json").read_text())
+    assert meta["steps"] >= 100_000 and "train-rl" in meta["command"]
+    code, out, _ = run_main(monkeypatch, capsys, "simulate", "--trace", str(heavy_mix), "--cluster",
+                            "deepshare-testbed", "--network", "--policy", "random,rl", "--json")
+    assert code == 0
+    rows = {r["policy"]: r for r in json.loads(out)}
+    assert rows["rl"]["finished"] == 48
+    assert rows["rl"]["avg_jct_s"] < rows["random"]["avg_jct_s"]  # the shipped model learned something
