@@ -100,7 +100,7 @@ def test_shipped_model_runs_by_default(monkeypatch, capsys, heavy_mix) -> None:
 
     assert default_model_path().is_file(), "the wheel ships a trained rl model"
     meta = json.loads(default_model_path().with_suffix(".json").read_text())
-    assert meta["steps"] >= 100_000 and "train-rl" in meta["command"]
+    assert meta["steps"] >= 50_000 and "train-rl" in meta["command"]
     code, out, _ = run_main(monkeypatch, capsys, "simulate", "--trace", str(heavy_mix), "--cluster",
                             "deepshare-testbed", "--network", "--policy", "random,rl", "--json")
     assert code == 0
