@@ -65,6 +65,7 @@ class Simulator:
         self.pseg_start = [0.0] * n
         self.pseg_base = [0.0] * n
         self.expected_finish = [_INF] * n
+        self._event_at = [_INF] * n  # time of each running job's pending completion event
         # a resumed job cannot be preempted again before it has restored and passed its next checkpoint:
         # without this, a preemptive policy with restore costs or lossy checkpoints can livelock
         self.protect_until = [0.0] * n
@@ -258,6 +259,7 @@ class Simulator:
         self.expected_finish[j] = fin
         self._ver[j] += 1
         self._seq += 1
+        self._event_at[j] = fin
         heapq.heappush(self._events, (fin, _COMPLETE, self._seq, j, self._ver[j]))
         if resumed and self.policy.preemptive:
             ci = self.config.checkpoint_interval_s
@@ -335,9 +337,13 @@ class Simulator:
         self.seg_speed[k] = new
         fin = now + over + (self.remaining[k] - base) / new
         self.expected_finish[k] = fin
-        self._ver[k] += 1
-        self._seq += 1
-        heapq.heappush(self._events, (fin, _COMPLETE, self._seq, k, self._ver[k]))
+        # slower than planned: the pending completion event fires early and re-arms itself, so a job slowed
+        # many times costs one heap entry, not one per change
+        if fin < self._event_at[k]:
+            self._ver[k] += 1
+            self._seq += 1
+            self._event_at[k] = fin
+            heapq.heappush(self._events, (fin, _COMPLETE, self._seq, k, self._ver[k]))
         if self.policy.preemptive and not self.policy.scan_running:
             self._push_running(k)
 
@@ -601,6 +607,7 @@ class Simulator:
         pol = self.policy
         debug = self.config.debug
         heappop = heapq.heappop
+        heappush = heapq.heappush
         n = self.n
         a = 0
         ver = self._ver
@@ -623,6 +630,12 @@ class Simulator:
                 _, kind, seq, j, x = heappop(events)
                 if kind == _COMPLETE:
                     if x == ver[j]:
+                        if self.expected_finish[j] > t:  # slowed down since: not done yet, re-arm
+                            fin = self.expected_finish[j]
+                            self._event_at[j] = fin
+                            self._seq += 1
+                            heappush(events, (fin, _COMPLETE, self._seq, j, x))
+                            continue
                         self._finish(j, t)
                         changed = True
                 elif kind == _TIMER:
