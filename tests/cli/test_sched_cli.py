@@ -107,3 +107,18 @@ def test_shipped_model_runs_by_default(monkeypatch, capsys, heavy_mix) -> None:
     rows = {r["policy"]: r for r in json.loads(out)}
     assert rows["rl"]["finished"] == 48
     assert rows["rl"]["avg_jct_s"] < rows["random"]["avg_jct_s"]  # the shipped model learned something
+
+
+def test_train_rl_on_a_users_trace(monkeypatch, capsys, tmp_path) -> None:
+    rows = ["id,submit,duration,gpus,model_name"]
+    names = ["gpt3-1.3b", "resnet50", "mixtral-8x7b", "dlrm", "", "graphsage"]
+    for i in range(60):
+        rows.append(f"{i},{i * 120},{1800 + 60 * (i % 7)},{(2, 4, 8)[i % 3]},{names[i % len(names)]}")
+    csv = tmp_path / "jobs.csv"
+    csv.write_text("\n".join(rows) + "\n")
+    out = tmp_path / "t.zip"
+    code, text, err = run_main(monkeypatch, capsys, "sched", "train-rl", "-o", str(out), "--trace", str(csv),
+                               "--columns", "job_id=id,submit=submit,duration=duration,gpus=gpus,model=model_name",
+                               "--steps", "1024", "--jobs", "24", "--sizes", "1", "--json")
+    assert code == 0, err
+    assert out.is_file() and json.loads(text)["steps"] == 1024
