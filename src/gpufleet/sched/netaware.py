@@ -103,8 +103,8 @@ class ContentionHeuristic(CandidatePolicy):
 
     def choose(self, j: int, p: int, part: Any, cands: list) -> int | None:
         best, speed = least_cost(self.scores(j, p, cands), self.sim.gpus[j])  # type: ignore[union-attr]
-        if best is not None and speed < float(self.opts["wait_below"]):
-            return None
+        if best is not None and speed < float(self.opts["wait_below"]) and self.sim.n_running > 0:  # type: ignore[union-attr]
+            return None  # wait for a faster placement; only while something runs, so that an event will come
         return best
 
 
