@@ -243,3 +243,10 @@ def test_simulator_engine_accepts_a_network_state_directly() -> None:
     assert res.summary["finished"] == 24
     assert not net.links  # every job detached at the end
     assert all(v == 0.0 for v in net.load)
+
+
+def test_waiting_heuristic_never_stalls() -> None:
+    jobs = _mix(4, 48).with_columns(pl.lit(0.0).alias("submit_s"))
+    res = run_one(RunSpec("contention", jobs, _cluster(), SimConfig(network=True, debug=True), {"wait_below": 0.99}))
+    assert res.summary["finished"] == 48
+    assert res.summary["multi_node_share"] < 0.05  # it waited for single nodes instead of spreading
