@@ -66,8 +66,9 @@ def train_rl_cmd(
     steps: Annotated[int, typer.Option(help="placement decisions to train for (PPO environment steps)")] = 200_000,
     jobs: Annotated[int, typer.Option(help="jobs per training episode")] = 128,
     seed: Annotated[int, typer.Option(help="seed of PPO and of the episode sampler (training is deterministic)")] = 0,
-    reward: Annotated[str, typer.Option(help="'jct' (minus job-time in system: true JCT) or 'paper' "
-                                             "(-w1 contention slowdown + w2 utilisation)")] = "jct",
+    reward: Annotated[str, typer.Option(help="'jct' (minus job-time in system: true JCT), 'jct-tail' (plus "
+                                             "the p99 at the end) or 'paper' (-w1 contention slowdown + w2 "
+                                             "utilisation)")] = "jct",
     checkpoint_every: Annotated[int, typer.Option(help="save a checkpoint every this many steps")] = 10_000,
     resume: Annotated[bool, typer.Option(help="continue from the newest checkpoint in <output>.ckpt/")] = True,
     as_json: Annotated[bool, typer.Option("--json", help="print the training summary as JSON")] = False,

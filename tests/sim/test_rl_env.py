@@ -131,3 +131,17 @@ def test_missing_model_file_is_a_clear_error(tmp_path) -> None:
     jobs = _sampler(4)(np.random.default_rng(0))
     with pytest.raises(ConfigError, match="not found"):
         run_one(RunSpec("rl", jobs, _cluster(), SimConfig(network=True), {"model": str(tmp_path / "none.zip")}))
+
+
+def test_jct_tail_reward_adds_the_p99_at_the_end() -> None:
+    from gpufleet.sim.rl_env import TAIL_WEIGHT
+
+    env = make_env(_cluster(), _sampler(), reward="jct-tail", seed=2)
+    _, info = env.reset(seed=2)
+    total, done = 0.0, False
+    while not done:
+        _, r, done, _, info = env.step(int(np.flatnonzero(info["action_mask"][:WAIT])[0]))
+        total += r
+    jct = env.last_result.jobs["jct_s"].to_numpy() / 3600.0
+    assert total == pytest.approx(-jct.mean() - TAIL_WEIGHT * np.percentile(jct, 99), rel=1e-6)
+    env.close()

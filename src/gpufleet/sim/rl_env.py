@@ -9,6 +9,8 @@ Rewards, between one decision and the next:
   counts), in hours per job of the episode; an episode's return is then minus the average true JCT in hours
   (queueing included). Train it undiscounted (gamma 1): with discounting, a policy that waits more makes
   more decisions per hour and so discounts its own delays away.
+- ``jct-tail``: ``jct`` plus, at the episode's end, minus half its p99 JCT in hours (the average alone lets
+  a policy trade the largest jobs' completion for everyone else's).
 - ``paper``: Ryu & Eo's ``-w1 * contention slowdown + w2 * utilisation``, where the slowdown is one minus the
   mean contention ratio of the running multi-node jobs.
 """
@@ -30,7 +32,9 @@ from gpufleet.sim.engine import Simulator
 from gpufleet.sim.network import network_for
 from gpufleet.sim.workload import Workload, partitions_for
 
-REWARDS = ("jct", "paper")
+REWARDS = ("jct", "jct-tail", "paper")
+#: Weight of the episode's p99 JCT (hours) in the ``jct-tail`` reward's last step.
+TAIL_WEIGHT = 0.5
 #: Draws an episode's jobs (a canonical frame with a ``model`` column) from a seeded generator, for a cluster of
 #: the given number of training nodes.
 EpisodeSampler = Callable[[np.random.Generator, int], Any]
@@ -131,7 +135,9 @@ def make_env(cluster: Any, sampler: EpisodeSampler, *, reward: str = "jct", w1: 
                 self.last_result = a
                 self._thread = None
                 end = float(np.nanmax(np.asarray(self.sim.finish))) if self.sim.n else 0.0  # type: ignore[union-attr]
-                r = self._reward(end) if reward == "jct" else 0.0
+                r = self._reward(end) if reward != "paper" else 0.0
+                if reward == "jct-tail" and a.jobs.height:
+                    r -= TAIL_WEIGHT * float(np.percentile(a.jobs["jct_s"].to_numpy(), 99)) / 3600.0
                 return np.zeros(OBS_SIZE, dtype=np.float32), r, True, {"summary": a.summary}
             self._mask = b
             return a, self._reward(self.sim.now), False, {"action_mask": b}  # type: ignore[union-attr]
