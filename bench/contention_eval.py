@@ -25,9 +25,9 @@ import polars as pl
 from rich.console import Console
 from rich.table import Table
 
-from gpufleet.cli_sched import load_named_cluster
 from gpufleet.perf.contention import fit_contention, load_deepshare
 from gpufleet.sim.rl_train import eval_policies, summarize_eval
+from gpufleet.spec import load_cluster
 
 POLICIES = ["las", "srtf", "tiresias", "contention", "random", "las-spread", "srtf-spread", "rl"]
 console = Console()
@@ -65,7 +65,7 @@ def _row(means: pl.DataFrame, name: str) -> dict:
 
 
 def compare(cluster_name: str, mix: str, seeds: int, model: str | None, jobs: int) -> pl.DataFrame:
-    spec = load_named_cluster(cluster_name)
+    spec = load_cluster(cluster_name)
     opts = {"rl": {"model": model}} if model else {}
     t0 = time.perf_counter()
     frame = eval_policies(spec, POLICIES, mix=mix, seeds=range(seeds), jobs=jobs, policy_opts=opts)
@@ -110,7 +110,7 @@ def compare(cluster_name: str, mix: str, seeds: int, model: str | None, jobs: in
 
 
 def mixes_vs_contention(seeds: int, model: str | None) -> None:
-    spec = load_named_cluster("deepshare-testbed")
+    spec = load_cluster("deepshare-testbed")
     opts = {"rl": {"model": model}} if model else {}
     table = Table(title="rl vs the contention heuristic on every mix (4 x 8 GPUs, batch, unseen seeds)",
                   header_style="bold")

@@ -69,12 +69,7 @@ def _load_jobs(trace: str, columns: str | None, vc: str | None, reader: str | No
 def _load_cluster(cluster: Path | None, gpus: int | None):
     from gpufleet.spec import load_cluster
 
-    if cluster is not None and not cluster.exists() and cluster.suffix != ".toml":
-        from gpufleet.cli_sched import load_named_cluster
-
-        spec = load_named_cluster(str(cluster))  # a bundled cluster by name, e.g. deepshare-testbed
-    else:
-        spec = load_cluster(cluster)
+    spec = load_cluster(cluster)
     if gpus is not None:
         if gpus <= 0:
             raise typer.BadParameter("--gpus must be positive")

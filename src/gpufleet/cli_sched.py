@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -16,7 +15,6 @@ import typer
 from rich.table import Table
 
 from gpufleet.cli_console import err, out
-from gpufleet.errors import ConfigError
 
 sched_app = typer.Typer(
     help="Network-contention-aware scheduling learned with reinforcement learning (Ryu & Eo).\n\n"
@@ -31,22 +29,6 @@ sched_app = typer.Typer(
 #: Policies eval-rl compares by default (rl last).
 EVAL_POLICIES = ("las", "srtf", "tiresias", "contention", "random", "las-spread", "srtf-spread", "rl")
 DEFAULT_CLUSTER = "deepshare-testbed"
-
-
-def load_named_cluster(name: str | Path) -> Any:
-    """A cluster TOML path, or the name of a bundled cluster (``deepshare-testbed``, ``deepshare-64``, ...)."""
-    from gpufleet.spec import load_cluster
-
-    path = Path(name)
-    if not path.is_file():
-        bundled = Path(str(resources.files("gpufleet.data").joinpath("clusters").joinpath(f"{name}.toml")))
-        if bundled.is_file():
-            path = bundled
-        else:
-            folder = resources.files("gpufleet.data").joinpath("clusters")
-            names = sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".toml"))
-            raise ConfigError(f"cluster '{name}' is neither a file nor a bundled cluster ({', '.join(names)})")
-    return load_cluster(path)
 
 
 @sched_app.command("train-rl")
@@ -75,10 +57,10 @@ def train_rl_cmd(
 ) -> None:
     """Train the `rl` placement policy with PPO; progress bar, checkpoints, resumable, deterministic per seed."""
     from gpufleet.sim.rl_train import MixSampler, TraceSampler, train_rl
-
-    spec = load_named_cluster(cluster)
     from gpufleet.sim.workload import partitions_for
+    from gpufleet.spec import load_cluster
 
+    spec = load_cluster(cluster)
     parts = partitions_for(spec)  # a SpecError if the cluster has no training pool
     gpn = max(p.gpus_per_node for p in parts)
     try:
@@ -118,13 +100,13 @@ def eval_rl_cmd(
 ) -> None:
     """Compare `rl` with the baselines on unseen mixes: true JCT (queueing included), p99, makespan, utilisation."""
     from gpufleet.sim.rl_train import eval_policies, summarize_eval
+    from gpufleet.sim.workload import partitions_for
+    from gpufleet.spec import load_cluster
 
     if seeds < 1:
         raise typer.BadParameter("--seeds must be at least 1")
-    spec = load_named_cluster(cluster)
+    spec = load_cluster(cluster)
     names = [p.strip() for p in policies.split(",") if p.strip()]
-    from gpufleet.sim.workload import partitions_for
-
     pools = partitions_for(spec)  # a SpecError if the cluster has no training pool
     nodes = sum(p.nodes for p in pools)
     n_jobs = jobs if jobs is not None else 256 * max(1, nodes // 4)

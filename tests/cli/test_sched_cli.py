@@ -21,11 +21,11 @@ def heavy_mix(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
-    from gpufleet.cli_sched import load_named_cluster
     from gpufleet.sim.rl_train import MixSampler, train_rl
+    from gpufleet.spec import load_cluster
 
     out = tmp_path_factory.mktemp("rl") / "tiny.zip"
-    train_rl(load_named_cluster("deepshare-testbed"), out, steps=1024, seed=0, sampler=MixSampler(jobs=24),
+    train_rl(load_cluster("deepshare-testbed"), out, steps=1024, seed=0, sampler=MixSampler(jobs=24),
              progress=False)
     return out
 

@@ -189,3 +189,10 @@ def test_cluster_from_dict_names_source() -> None:
         cluster_from_dict({"name": "x", "pools": "no"}, source="cli")
     with pytest.raises(SpecError, match="must be a table"):
         cluster_from_dict(["not", "a", "dict"])  # type: ignore[arg-type]
+
+
+def test_shipped_clusters_load_by_name() -> None:
+    spec = load_cluster("deepshare-testbed")
+    assert spec.total_gpus() == 32
+    with pytest.raises(SpecError, match="deepshare-testbed"):
+        load_cluster("no-such-cluster")  # the error lists the shipped names
