@@ -76,14 +76,12 @@ def test_only_touched_jobs_change_and_ratios_match_a_recompute(oversub: float) -
             alloc = [(int(n), 1) for n in nodes]
             running[j] = alloc
             touched = set(net.attach(j, 0, alloc))
-            net.speed(j)
-            net.commit(j)
+            net.rate(j)
             current[j] = net.ratio(j)
         for k in running:
             fresh = _brute_ratio(net, k)
             if k in touched:
-                net.speed(k)
-                net.commit(k)
+                net.rate(k)
                 current[k] = net.ratio(k)
             # a job left alone keeps its ratio, and that ratio is still right
             assert current[k] == pytest.approx(fresh, rel=1e-9, abs=1e-12), (step, k, touched)
@@ -93,10 +91,10 @@ def test_single_node_jobs_see_and_cause_no_contention() -> None:
     cluster = _cluster()
     net = _state(cluster, 3, np.random.default_rng(0))
     assert net.attach(0, 0, [(0, 2)]) == []
-    net.speed(0)
+    net.rate(0)
     assert net.ratio(0) == 1.0
     net.attach(1, 0, [(0, 2), (1, 2)])
-    net.speed(1)
+    net.rate(1)
     assert net.attach(2, 0, [(0, 4)]) == []
     assert net.ratio(1) == 1.0  # the single-node job beside it does not load the NIC
 
@@ -107,7 +105,7 @@ def test_uplink_slows_only_beyond_capacity() -> None:
     comm = JobComm(["MoE", "MoE"], np.array([1.0, 1.0]))
     net = NetworkState(parts, list(cluster.pools), 1.0, comm, [8, 8])
     net.attach(0, 0, [(0, 4), (1, 4)])
-    net.speed(0)
+    net.rate(0)
     assert net.ratio(0) == 1.0  # alone: its uplinks carry only its own traffic, under capacity
     net.attach(1, 0, [(2, 4), (3, 4)])
     assert net.ratio(0) == 1.0  # no shared link at all
@@ -119,13 +117,12 @@ def test_predict_matches_what_attach_then_does() -> None:
     net = _state(cluster, 10, rng)
     for j, alloc in enumerate([[(0, 2), (1, 2)], [(1, 2), (2, 2)], [(2, 4), (3, 4)]]):
         net.attach(j, 0, alloc)
-        net.speed(j)
-        net.commit(j)
+        net.rate(j)
     alloc = [(1, 2), (3, 2), (4, 2)]
     before = {k: net.ratio(k) for k in range(3)}
     speed, own, harm = net.predict(5, 0, alloc)
     net.attach(5, 0, alloc)
-    assert net.speed(5) == pytest.approx(speed)
+    assert net.rate(5) == pytest.approx(speed)
     assert net.ratio(5) == pytest.approx(own)
     after = {k: net.ratio(k) for k in range(3)}
     expected = sum(net.gpus[k] * net.base_speed[k] * (before[k] - after[k]) for k in range(3))

@@ -241,7 +241,7 @@ class Simulator:
         net = self.network
         if net is not None:
             touched = net.attach(j, p, alloc)
-            speed = net.speed(j)
+            speed = net.rate(j)
         else:
             speed = 1.0 if len(alloc) <= part.ideal_nodes(g) else 1.0 - self.config.placement_penalty
         resumed = self.restarts[j]
@@ -280,7 +280,6 @@ class Simulator:
         self.token[j] += 1
         self.policy.on_start(j, now)
         if net is not None:
-            net.commit(j)
             self._dirty.update(dict.fromkeys(touched))
 
     def _stop_segment(self, j: int, now: float) -> float:
@@ -322,12 +321,10 @@ class Simulator:
         """Running job ``k``'s contention changed at ``now``: bank its progress and go on at the new speed."""
         net = self.network
         lost = net.lost(k)  # type: ignore[union-attr]  # the loss up to now, before the new ratio applies
-        new = net.speed(k)  # type: ignore[union-attr]
+        new = net.rate(k)  # type: ignore[union-attr]
         if new == self.seg_speed[k]:
-            net.commit(k)  # type: ignore[union-attr]
             return
         self._contention_gpu_s += lost * (now - self.pseg_start[k]) * self.gpus[k]
-        net.commit(k)  # type: ignore[union-attr]
         base = self.progress_now(k, now)
         over = self.seg_over[k] - (now - self.pseg_start[k])
         over = over if over > 0.0 else 0.0

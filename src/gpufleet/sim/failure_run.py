@@ -19,6 +19,7 @@ from gpufleet.sched.base import make_policy
 from gpufleet.sim.config import SimConfig
 from gpufleet.sim.engine import Simulator
 from gpufleet.sim.failures import OutagePlan, OutageSettings
+from gpufleet.sim.network import network_for_run
 from gpufleet.sim.result import SimResult
 from gpufleet.sim.workload import Workload, partitions_for
 
@@ -65,11 +66,7 @@ def run_failure_one(run: FailureRun) -> SimResult:
     origin = float(workload.submit[0]) if len(workload) else 0.0
     predictor = run.alerts is not None and run.settings.drain
     plan = OutagePlan.build(run.failures, run.alerts if predictor else None, parts, origin, run.settings)
-    network = None
-    if run.config.network:
-        from gpufleet.sim.network import network_for
-
-        network = network_for(run.cluster, parts, run.jobs, placement_penalty=run.config.placement_penalty)
+    network = network_for_run(run.cluster, parts, run.jobs, run.config)
     result = Simulator(workload, parts, policy, run.config, plan, network=network).run()
     result.summary["predictor"] = predictor
     if predictor:

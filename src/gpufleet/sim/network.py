@@ -94,9 +94,8 @@ class NetworkState:
         self.links: dict[int, list[int]] = {}
         self.s: dict[int, float] = {}
         self.base_speed: dict[int, float] = {}
-        self._pending: dict[int, float] = {}
-        self.committed: dict[int, float] = {}
-        self.worst: dict[int, float] = {}  # each running job's bottleneck term at its last speed()
+        self.committed: dict[int, float] = {}  # the contention ratio in force for each running job
+        self.worst: dict[int, float] = {}  # each running job's bottleneck term when it was last rated
         self._cache: dict[tuple[str, int, int, int], tuple[float, float, float]] = {}
         self.multi_node_starts = 0
         self.starts = 0
@@ -194,7 +193,6 @@ class NetworkState:
         self.s.pop(j, None)
         self.worst.pop(j, None)
         self.base_speed.pop(j, None)
-        self._pending.pop(j, None)
         self.committed.pop(j, None)
         return list(touched)
 
@@ -221,22 +219,16 @@ class NetworkState:
         """The ratio in force for running job ``j`` (no side effect: for observers such as rewards)."""
         return self.committed.get(j, 1.0)
 
-    def speed(self, j: int) -> float:
-        """Speed of running job ``j`` relative to running alone on the fewest nodes (placement x contention)."""
+    def rate(self, j: int) -> float:
+        """Put running job ``j``'s current contention ratio in force; returns its speed relative to running
+        alone on the fewest nodes (placement x contention)."""
         r = self.ratio(j)
-        self._pending[j] = r
-        if j not in self.committed:
-            self.committed[j] = r
+        self.committed[j] = r
         return self.base_speed[j] * r
 
     def lost(self, j: int) -> float:
-        """Throughput share job ``j`` has been losing to contention since its speed was last committed."""
+        """Throughput share job ``j`` has been losing to contention since it was last rated."""
         return 1.0 - self.committed.get(j, 1.0)
-
-    def commit(self, j: int) -> None:
-        """The speed last computed by :meth:`speed` is now in force for job ``j``."""
-        if j in self._pending:
-            self.committed[j] = self._pending[j]
 
     # ------------------------------------------------------------------ what-if, for policies
     def predict(self, j: int, p: int, alloc: Allocation) -> tuple[float, float, float]:
@@ -289,6 +281,13 @@ class NetworkState:
             "contention_gpu_h": contention_gpu_s / 3600.0,
             "multi_node_share": self.multi_node_starts / self.starts if self.starts else 0.0,
         }
+
+
+def network_for_run(cluster: Any, parts: Sequence[Partition], jobs: Any, config: Any) -> NetworkState | None:
+    """The network of a run whose :class:`~gpufleet.sim.config.SimConfig` asks for one, else None."""
+    if not config.network:
+        return None
+    return network_for(cluster, parts, jobs, placement_penalty=config.placement_penalty)
 
 
 def network_for(cluster: Any, parts: Sequence[Partition], jobs: Any, model: ContentionModel | None = None,

@@ -13,6 +13,7 @@ from gpufleet.errors import ConfigError
 from gpufleet.sched.base import available_policies, make_policy
 from gpufleet.sim.config import SimConfig
 from gpufleet.sim.engine import Simulator
+from gpufleet.sim.network import network_for_run
 from gpufleet.sim.result import SimResult
 from gpufleet.sim.workload import Workload, partitions_for
 
@@ -45,11 +46,7 @@ def run_one(spec: RunSpec) -> SimResult:
         return ElasticSimulator(spec.jobs, spec.cluster, policy, spec.config,  # type: ignore[arg-type]
                                 spec.elastic, spec.inference).run()
     parts = partitions_for(spec.cluster)
-    network = None
-    if spec.config.network:
-        from gpufleet.sim.network import network_for
-
-        network = network_for(spec.cluster, parts, spec.jobs, placement_penalty=spec.config.placement_penalty)
+    network = network_for_run(spec.cluster, parts, spec.jobs, spec.config)
     sim = Simulator(Workload.from_frame(spec.jobs), parts, policy, spec.config, network=network)
     result = sim.run()
     if spec.inference is not None and spec.cluster.inference_pools:
