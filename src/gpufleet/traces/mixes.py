@@ -30,7 +30,7 @@ import numpy as np
 import polars as pl
 
 from gpufleet.errors import TraceError
-from gpufleet.traces.schema import DEFAULT_KIND, POLARS_SCHEMA
+from gpufleet.traces.schema import jobs_from_arrays
 
 if TYPE_CHECKING:
     from gpufleet.perf.contention import ContentionModel
@@ -203,24 +203,9 @@ def generate_mix(
         submit = np.cumsum(rngs[4].exponential(_HOUR / rate, n))
     else:
         submit = np.zeros(n)
-    width = len(str(max(n - 1, 0)))
-    frame = pl.DataFrame({
-        "submit_s": submit.astype(np.float64),
-        "duration_s": table[mi, gi].astype(np.float64),
-        "num_gpus": np.array(DEMANDS, dtype=np.int32)[gi],
-        "model": pl.Series(np.array(MIX_MODELS, dtype=object)[mi].tolist(), dtype=pl.String),
-    })
-    return frame.select(
-        (pl.lit("ds-") + pl.int_range(pl.len()).cast(pl.String).str.zfill(width)).alias("job_id"),
-        "submit_s",
-        "duration_s",
-        "num_gpus",
-        pl.lit(None, dtype=pl.String).alias("gpu_type"),
-        pl.lit(None, dtype=pl.String).alias("user"),
-        pl.lit(None, dtype=pl.String).alias("vc"),
-        pl.lit(DEFAULT_KIND, dtype=pl.String).alias("kind"),
-        "model",
-    ).cast(POLARS_SCHEMA)  # type: ignore[arg-type]
+    models = pl.Series(np.array(MIX_MODELS, dtype=object)[mi].tolist(), dtype=pl.String)
+    return jobs_from_arrays(submit.astype(np.float64), table[mi, gi].astype(np.float64),
+                            np.array(DEMANDS, dtype=np.int32)[gi], prefix="ds", extra={"model": models})
 
 
 

@@ -59,6 +59,25 @@ def empty_jobs() -> pl.DataFrame:
     return pl.DataFrame(schema=POLARS_SCHEMA)
 
 
+def jobs_from_arrays(submit: Any, duration: Any, num_gpus: Any, *, prefix: str, vc: str | None = None,
+                     kind: str = DEFAULT_KIND, extra: dict[str, pl.Series] | None = None) -> pl.DataFrame:
+    """A canonical frame of generated jobs: ids ``<prefix>-000..``, no GPU type or user, one ``vc`` and ``kind``
+    for all, and ``extra`` columns after the canonical ones."""
+    frame = pl.DataFrame({"submit_s": submit, "duration_s": duration, "num_gpus": num_gpus, **(extra or {})})
+    width = len(str(max(frame.height - 1, 0)))
+    return frame.select(
+        (pl.lit(f"{prefix}-") + pl.int_range(pl.len()).cast(pl.String).str.zfill(width)).alias("job_id"),
+        "submit_s",
+        "duration_s",
+        "num_gpus",
+        pl.lit(None, dtype=pl.String).alias("gpu_type"),
+        pl.lit(None, dtype=pl.String).alias("user"),
+        pl.lit(vc, dtype=pl.String).alias("vc"),
+        pl.lit(kind, dtype=pl.String).alias("kind"),
+        *(extra or {}),
+    ).cast(POLARS_SCHEMA)  # type: ignore[arg-type]
+
+
 def conform_jobs(jobs: pl.DataFrame) -> pl.DataFrame:
     """Cast canonical columns to their dtypes and put them first, extras after, in their order.
 

@@ -20,7 +20,7 @@ import polars as pl
 
 from gpufleet.errors import TraceError
 from gpufleet.traces.load import TraceLoad, load_trace
-from gpufleet.traces.schema import KINDS, POLARS_SCHEMA
+from gpufleet.traces.schema import KINDS, jobs_from_arrays
 
 #: Philly: number of jobs and the span from first to last submit (108 d 21 h 31 m 30 s).
 PHILLY_JOBS = 82_247
@@ -293,22 +293,8 @@ def generate_jobs(
         duration = pareto_scale_s * rng.pareto(pareto_shape, n_jobs)
     duration = np.clip(duration, min_duration_s, max_duration_s)
 
-    width = len(str(max(n_jobs - 1, 0)))
-    frame = pl.DataFrame(
-        {"submit_s": submit.astype(np.float64), "duration_s": duration, "num_gpus": num_gpus.astype(np.int32)}
-    )
-    return frame.select(
-        (pl.lit(f"{job_id_prefix}-") + pl.int_range(pl.len()).cast(pl.String).str.zfill(width)).alias(
-            "job_id"
-        ),
-        "submit_s",
-        "duration_s",
-        "num_gpus",
-        pl.lit(None, dtype=pl.String).alias("gpu_type"),
-        pl.lit(None, dtype=pl.String).alias("user"),
-        pl.lit(vc, dtype=pl.String).alias("vc"),
-        pl.lit(kind, dtype=pl.String).alias("kind"),
-    ).cast(POLARS_SCHEMA)  # type: ignore[arg-type]
+    return jobs_from_arrays(submit.astype(np.float64), duration, num_gpus.astype(np.int32), prefix=job_id_prefix,
+                            vc=vc, kind=kind)
 
 
 def _philly_trace() -> TraceLoad:
