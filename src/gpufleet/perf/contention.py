@@ -144,24 +144,22 @@ class ContentionModel:
         if model not in self.model_s:
             raise ConfigError(f"unknown communication profile '{model}'; known: {', '.join(self.model_s)}")
 
-    def sensitivity(self, model: str, gpus: int, nodes: int, nic_gbps: float | None = None) -> float:
-        """How much a unit of competing link load slows this job (0 on one node)."""
+    def _factor(self, per_model: dict[str, float], per_place: dict[Placement, float], model: str, gpus: int,
+                 nodes: int, nic_gbps: float | None) -> float:
+        """Model constant x placement constant, scaled to the NIC (0 on one node: no network traffic)."""
         if nodes <= 1:
             return 0.0
         self._check(model)
-        s = self.model_s[model] * self._nearest(self.place_s, gpus, nodes)
-        return s * self._bandwidth_scale(nic_gbps)
+        scale = 1.0 if nic_gbps is None else self.reference_gbps / float(nic_gbps)
+        return per_model[model] * self._nearest(per_place, gpus, nodes) * scale
+
+    def sensitivity(self, model: str, gpus: int, nodes: int, nic_gbps: float | None = None) -> float:
+        """How much a unit of competing link load slows this job (0 on one node)."""
+        return self._factor(self.model_s, self.place_s, model, gpus, nodes, nic_gbps)
 
     def intensity(self, model: str, gpus: int, nodes: int, nic_gbps: float | None = None) -> float:
         """The link load this job puts on each NIC it uses (0 on one node)."""
-        if nodes <= 1:
-            return 0.0
-        self._check(model)
-        p = self.model_p[model] * self._nearest(self.place_p, gpus, nodes)
-        return p * self._bandwidth_scale(nic_gbps)
-
-    def _bandwidth_scale(self, nic_gbps: float | None) -> float:
-        return 1.0 if nic_gbps is None else self.reference_gbps / float(nic_gbps)
+        return self._factor(self.model_p, self.place_p, model, gpus, nodes, nic_gbps)
 
     def ratio(self, sensitivity: float, load: float) -> float:
         """Throughput ratio of a job of ``sensitivity`` on links carrying ``load`` of other jobs' traffic."""

@@ -66,7 +66,7 @@ class CandidatePolicy(Policy):
         net = sim.network  # type: ignore[union-attr]
         out: list[tuple[float, float, float] | None] = []
         g = sim.gpus[j]  # type: ignore[union-attr]
-        gpn = sim.parts[p].gpus_per_node  # type: ignore[union-attr]
+        fewest = sim.parts[p].ideal_nodes(g)  # type: ignore[union-attr]
         penalty = sim.config.placement_penalty  # type: ignore[union-attr]
         for c in cands:
             if c is None:
@@ -74,7 +74,7 @@ class CandidatePolicy(Policy):
             elif net is not None:
                 out.append(net.predict(j, p, c))
             else:
-                out.append((1.0 if len(c) <= -(-g // gpn) else 1.0 - penalty, 1.0, 0.0))
+                out.append((1.0 if len(c) <= fewest else 1.0 - penalty, 1.0, 0.0))
         return out
 
 
