@@ -100,3 +100,12 @@ def test_real_gpu_trace_kernels_get_the_step_of_their_launch():
     summary = a.function_summary()
     assert {"calls", "total_s", "mean_s", "p50_s", "p95_s", "cv", "share_of_step"} <= set(summary.columns)
     assert (summary["p95_s"] >= summary["p50_s"] - 1e-12).all()
+
+
+def test_a_slowdown_in_a_minority_of_steps_is_not_a_slow_rank(tmp_path):
+    # rank 2's matmuls are slow in 2 of 8 steps only (a process descheduled for a moment): per call site, the median
+    # over steps is its steady time, so it is no slower than the others; a slowdown in every step is
+    blip = TraceAnalyzer(write_job(tmp_path / "blip", JobShape(faults=[Fault("compute", 2, 0.02, every=4)]))).diagnose()
+    steady = TraceAnalyzer(write_job(tmp_path / "steady", JobShape(faults=[Fault("compute", 2, 0.02)]))).diagnose()
+    assert not [f for f in blip.alarms if f.category == "compute"]
+    assert (steady.alarms[0].rank, steady.alarms[0].category) == (2, "compute")

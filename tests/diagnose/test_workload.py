@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import statistics
 import time
@@ -14,7 +15,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from gpufleet.diagnose import faults  # noqa: E402
+from gpufleet.diagnose import faults, workload  # noqa: E402
 from gpufleet.diagnose.faults import Fault, parse_fault  # noqa: E402
 from gpufleet.diagnose.workload import COMM_WAIT, SECTIONS, Block, main, make_buckets, run_workload  # noqa: E402
 from gpufleet.errors import ConfigError  # noqa: E402
@@ -84,19 +85,29 @@ def test_buckets_cover_the_parameters_in_order() -> None:
     assert [id(p) for b in buckets for p in b] == [id(p) for p in params]
 
 
-def test_slow_rank_padding_is_extra_work_with_the_same_result() -> None:
-    torch.manual_seed(0)
-    blk = Block(32, 4)
-    h = torch.randn(2, 8, 32, requires_grad=True)
-    ref = blk(h)
-    ref.sum().backward()
-    g_ref = blk.fc1.weight.grad.clone()
-    blk.zero_grad()
-    blk.pad = torch.randn(8, 128)  # 50 % more rows through every linear
-    out = blk(h)
-    out.sum().backward()
+def test_slow_rank_throttles_every_linear_forward_and_backward_with_the_same_result(monkeypatch) -> None:
+    waits: list[float] = []
+    ticks = itertools.count()
+    monkeypatch.setattr(faults, "sleep", waits.append)
+    monkeypatch.setattr(workload, "_now", lambda: float(next(ticks)))  # 1 s passes between two readings
+
+    def run(throttle: float) -> tuple[torch.Tensor, torch.Tensor]:
+        torch.manual_seed(0)
+        blk = Block(32, 4)
+        blk.throttle = throttle
+        h = torch.randn(2, 8, 32, requires_grad=True)
+        out = blk(h)
+        out.sum().backward()
+        return out, blk.fc1.weight.grad
+
+    ref, g_ref = run(0.0)
+    healthy, waits[:] = list(waits), []
+    out, g = run(0.5)
     torch.testing.assert_close(out, ref)
-    torch.testing.assert_close(blk.fc1.weight.grad, g_ref)
+    torch.testing.assert_close(g, g_ref)
+    assert len(waits) == len(healthy) == 2 * 4  # 4 linears, forward and backward: the same ops on every rank
+    assert healthy == [0.0] * 8  # a healthy rank's device never waits
+    assert all(w > 0 and (2 * w).is_integer() for w in waits)  # half of each layer's own (whole-second) time
 
 
 # ---- single-process runs (world of one, no torchrun) ---------------------------------------------------------------

@@ -19,7 +19,7 @@ from gpufleet.diagnose import hang  # noqa: F401  (registers the hang localiser)
 from gpufleet.diagnose.findings import Finding, merge_findings
 from gpufleet.diagnose.kineto import TraceSet, read_folder
 from gpufleet.diagnose.localize import LOCALISERS, LocaliserContext, Thresholds
-from gpufleet.diagnose.summary import Timelines, build_timelines, function_summary, per_step_functions
+from gpufleet.diagnose.summary import Timelines, build_timelines, call_sites, function_summary, per_step_functions
 from gpufleet.errors import DiagnoseError
 
 __all__ = ["DEFAULT_LOCALISERS", "Diagnosis", "TraceAnalyzer"]
@@ -74,6 +74,11 @@ class TraceAnalyzer:
         """Per (rank, step, domain, category, function): calls, own seconds and seconds waiting on others."""
         return per_step_functions(self.timelines)
 
+    @cached_property
+    def call_sites(self) -> pl.DataFrame:
+        """Per (rank, domain, category, function, site): median own seconds of one call site over the steps."""
+        return call_sites(self.timelines)
+
     def function_summary(self) -> pl.DataFrame:
         """Per (rank, function): counts, duration statistics and share of step time."""
         return function_summary(self.timelines)
@@ -102,6 +107,7 @@ class TraceAnalyzer:
         ctx = LocaliserContext(
             steps=self.per_step,
             spans=self.timelines.spans,
+            sites=self.call_sites,
             thresholds=self.thresholds,
             host=self.timelines.host,
             device=self.timelines.device,

@@ -16,7 +16,7 @@ from gpufleet.errors import ConfigError
 
 #: fault kind -> (root-cause category, default magnitude, what the magnitude means)
 FAULTS: dict[str, tuple[str, float, str]] = {
-    "slow-rank": ("compute", 0.5, "extra fraction of matmul work in every linear layer, forward and backward"),
+    "slow-rank": ("compute", 0.5, "extra fraction of every linear's time, forward and backward (throttled device)"),
     "slow-data": ("data_loading", 0.03, "seconds added to each DataLoader batch (sleep in collate)"),
     "python-pause": ("cpu_stall", 0.1, "seconds of pure-Python pause (gc + busy loop) every --pause-every steps"),
     "slow-collective": ("communication", 0.03, "seconds per step the rank delays its all-reduces, spread over buckets"),

@@ -14,7 +14,9 @@ class Finding:
 
     ``rank`` is None when every rank shares the problem (an expected-pattern rule). ``score`` is a
     robust z-score (or, for rules, the observed level scaled so that the alarm threshold means the
-    same); ``alarm`` says whether it passed both the score and the cost thresholds.
+    same); ``alarm`` says whether it passed both the score and the cost thresholds. ``weight`` scales the
+    cost for ranking where a trace shows less than the problem costs (a needless sync: see
+    ``Thresholds.sync_cost_factor``); it is the inverse of the factor its alarm threshold was lowered by.
     """
 
     rank: int | None
@@ -25,6 +27,12 @@ class Finding:
     evidence: dict[str, Any] = field(default_factory=dict)
     localiser: str = ""
     alarm: bool = False
+    weight: float = 1.0
+
+    @property
+    def priority_s_per_step(self) -> float:
+        """The cost findings are ranked by: ``cost_s_per_step`` times ``weight``."""
+        return self.cost_s_per_step * self.weight
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict with rounded figures."""
@@ -40,7 +48,10 @@ class Finding:
 
 
 def merge_findings(findings: list[Finding]) -> list[Finding]:
-    """One finding per (rank, category): the costlier wins, the other's evidence is kept under its localiser."""
+    """One finding per (rank, category): the costlier wins, the other's evidence is kept under its localiser.
+
+    Ranked alarms first, then by weighted cost (``priority_s_per_step``).
+    """
     best: dict[tuple[int | None, str], Finding] = {}
     for f in findings:
         key = (f.rank, f.category)
@@ -55,4 +66,4 @@ def merge_findings(findings: list[Finding]) -> list[Finding]:
             "score": round(float(other.score), 3),
         }
         best[key] = winner
-    return sorted(best.values(), key=lambda f: (not f.alarm, -f.cost_s_per_step))
+    return sorted(best.values(), key=lambda f: (not f.alarm, -f.priority_s_per_step))

@@ -3,9 +3,10 @@
 Localisers are small classes registered by name, each turning the per-step function table into
 :class:`Finding` objects:
 
-- ``cross-rank``: per (domain, category) a rank's *active* time per step (time outside blocking
-  collectives and syncs, where it waits for others) against the other ranks: robust z-score over
-  median/MAD, cost = its mean excess per step, named after the function with the largest excess.
+- ``cross-rank``: per (domain, category) a rank's steady *active* time per step (time outside blocking
+  collectives and syncs, where it waits for others; per call site, the median over steps) against the
+  other ranks: robust z-score over median/MAD, cost = its excess over the other ranks' median, named
+  after the function with the largest excess.
 - ``extra-calls``: functions one rank calls more often than the others (an unnecessary ``.item()``
   per layer, a debug check); a sync among them makes the finding a ``sync``.
 - ``cross-step``: a rank's own steps against its median step: periodic long pauses.
@@ -28,6 +29,8 @@ from gpufleet.diagnose.findings import Finding
 __all__ = ["LOCALISERS", "LocaliserContext", "Thresholds", "localiser", "robust_z"]
 
 MAD_TO_SIGMA = 1.4826
+#: a cross-rank excess alarms only when the other ranks wait at least this share of it
+VICTIM_SHARE = 0.25
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,7 @@ class LocaliserContext:
     steps: pl.DataFrame  # per (rank, step, domain, category, function): calls, time_s (own), wait_s
     spans: pl.DataFrame  # per (rank, step): dur_ns
     thresholds: Thresholds
+    sites: pl.DataFrame | None = None  # per (rank, domain, category, function, site): median own time_s
     host: pl.DataFrame | None = None  # the host timeline, for localisers that read single calls (hang)
     device: pl.DataFrame | None = None  # the device timeline (kernels, copies)
 
@@ -102,22 +106,31 @@ def _alarm(score: float, cost: float, ctx: LocaliserContext, category: str | Non
     return score >= t.z and cost >= share * ctx.step_s
 
 
-def _top_functions(rows: pl.DataFrame, rank: int, k: int = 3) -> list[dict]:
-    """The functions with the largest mean excess on ``rank`` (per-step excess over the cross-rank median)."""
+def _top_functions(sites: pl.DataFrame, ranks: list[int], rank: int, k: int = 3) -> list[dict]:
+    """The functions with the largest excess on ``rank``: its steady seconds per step over the other ranks' median.
+
+    A rank that never calls a function spends 0 s in it, so a function only the slow rank runs (a debug check)
+    counts in full rather than being compared with itself.
+    """
+    per_rank = sites.group_by("rank", "function").agg(pl.col("time_s").sum(), pl.len().alias("sites"))
+    grid = pl.DataFrame({"rank": ranks}, schema={"rank": per_rank.schema["rank"]}).join(
+        per_rank.select("function").unique(), how="cross"
+    )
+    full = grid.join(per_rank, on=["rank", "function"], how="left").fill_null(0)
+    others = full.filter(pl.col("rank") != rank).group_by("function").agg(pl.col("time_s").median().alias("others"))
     excess = (
-        rows.with_columns((pl.col("time_s") - pl.col("time_s").median().over("step", "function")).alias("excess"))
-        .filter(pl.col("rank") == rank)
-        .group_by("function")
-        .agg(pl.col("excess").mean(), pl.col("time_s").mean().alias("this_rank_s"), pl.col("calls").mean())
-        .sort("excess", descending=True)
+        full.filter(pl.col("rank") == rank)
+        .join(others, on="function")
+        .with_columns((pl.col("time_s") - pl.col("others")).alias("excess"))
+        .sort(["excess", "function"], descending=[True, False])
         .head(k)
     )
     return [
         {
             "function": r["function"],
             "excess_s_per_step": round(r["excess"], 6),
-            "this_rank_s_per_step": round(r["this_rank_s"], 6),
-            "calls_per_step": round(r["calls"], 2),
+            "this_rank_s_per_step": round(r["time_s"], 6),
+            "calls_per_step": int(r["sites"]),
         }
         for r in excess.iter_rows(named=True)
     ]
@@ -125,58 +138,62 @@ def _top_functions(rows: pl.DataFrame, rank: int, k: int = 3) -> list[dict]:
 
 @localiser("cross-rank")
 class CrossRank(Localiser):
-    """A rank whose active time in one category exceeds the other ranks' (they then wait for it)."""
+    """A rank whose steady own time in one category exceeds the other ranks' (they then wait for it).
+
+    A rank's steady time is the sum, over its call sites, of each site's median over the steps (see
+    :func:`gpufleet.diagnose.summary.call_sites`). Per-step sums swing with every moment a process is
+    descheduled; the per-site medians do not, yet move with a slowdown that every step shares.
+    """
 
     def find(self, ctx: LocaliserContext) -> list[Finding]:
-        if ctx.n_ranks < 3:
+        if ctx.n_ranks < 3 or ctx.sites is None:
             return []
-        per_step = ctx.steps.group_by("rank", "step", "domain", "category").agg(pl.col("time_s").sum())
-        per_step = per_step.with_columns(
-            (pl.col("time_s") - pl.col("time_s").median().over("step", "domain", "category")).alias("excess")
-        )
-        # medians over steps: a persistent fault moves the median, a descheduled moment does not
-        per_rank = per_step.group_by("rank", "domain", "category").agg(
-            pl.col("excess").median().alias("cost"),
-            pl.col("time_s").median().alias("this_rank_s"),
-            (pl.col("excess") > ctx.thresholds.noise_share * ctx.step_s).mean().alias("steps_slow"),
-        )
-        # step-to-step noise of a category, as the standard error of one rank's median over its steps
-        noise = per_step.group_by("domain", "category").agg(
-            (MAD_TO_SIGMA * (pl.col("excess") - pl.col("excess").median()).abs().median() * 1.25
-             / pl.len().over("domain", "category").first().sqrt() * np.sqrt(ctx.n_ranks)).alias("noise")
-        )
-        noise_of = {(d, c): float(v or 0.0) for d, c, v in noise.iter_rows()}
+        ranks = sorted(ctx.spans["rank"].unique().to_list())
+        steady = ctx.sites.group_by("rank", "domain", "category").agg(pl.col("time_s").sum())
         waits = self._victims(ctx)
+        floor = ctx.thresholds.noise_share * ctx.step_s
         findings = []
-        for (domain, category), group in per_rank.group_by("domain", "category"):
-            group = group.sort("rank")
-            floor = max(ctx.thresholds.noise_share * ctx.step_s, noise_of.get((domain, category), 0.0))
-            z = robust_z(group["this_rank_s"].to_numpy(), floor)
-            for row, score in zip(group.iter_rows(named=True), z, strict=True):
-                if score < 2.0 or row["cost"] <= 0:
+        for (domain, category), group in steady.group_by("domain", "category"):
+            mine = dict(zip(group["rank"].to_list(), group["time_s"].to_list(), strict=True))
+            values = np.array([mine.get(r, 0.0) for r in ranks])
+            med = float(np.median(values))
+            scale = max(MAD_TO_SIGMA * float(np.median(np.abs(values - med))), floor, 1e-12)
+            for i, rank in enumerate(ranks):
+                others = float(np.median(np.delete(values, i)))
+                cost = float(values[i]) - others
+                score = cost / scale
+                if score < 2.0 or cost <= 0:
                     continue
-                rows = ctx.steps.filter((pl.col("domain") == domain) & (pl.col("category") == category))
-                top = _top_functions(rows, row["rank"])
+                rows = ctx.sites.filter((pl.col("domain") == domain) & (pl.col("category") == category))
+                top = _top_functions(rows, ranks, rank)
                 findings.append(
                     Finding(
-                        rank=row["rank"],
+                        rank=rank,
                         function=top[0]["function"] if top else category,
                         category=category,
-                        cost_s_per_step=row["cost"],
-                        score=float(score),
+                        cost_s_per_step=cost,
+                        score=score,
                         evidence={
                             "domain": domain,
-                            "this_rank_s_per_step": round(row["this_rank_s"], 6),
-                            "median_rank_s_per_step": round(row["this_rank_s"] - row["cost"], 6),
-                            "share_of_steps_slow": round(row["steps_slow"], 3),
+                            "this_rank_s_per_step": round(float(values[i]), 6),
+                            "median_rank_s_per_step": round(others, 6),
                             "top_functions": top,
-                            "others_wait_s_per_step": waits.get(row["rank"]),
+                            "others_wait_s_per_step": waits.get(rank),
                         },
                         localiser=self.name,
-                        alarm=_alarm(float(score), row["cost"], ctx),
+                        alarm=_alarm(score, cost, ctx) and self._delays_others(waits.get(rank), cost),
                     )
                 )
         return findings
+
+    @staticmethod
+    def _delays_others(others_wait: float | None, cost: float) -> bool:
+        """Whether the other ranks wait for this rank's excess: at least a quarter of it (or no wait is known).
+
+        A straggler's extra work holds the others in the next collective. An excess nobody waits for is
+        overlapped, or the rank was itself descheduled while the others waited anyway: not a straggler.
+        """
+        return others_wait is None or others_wait >= VICTIM_SHARE * cost
 
     @staticmethod
     def _victims(ctx: LocaliserContext) -> dict[int, float]:
@@ -240,6 +257,7 @@ class ExtraCalls(Localiser):
                     },
                     localiser=self.name,
                     alarm=_alarm(score, cost, ctx, category),
+                    weight=1.0 / ctx.thresholds.sync_cost_factor if category == SYNC else 1.0,
                 )
             )
         return findings

@@ -13,7 +13,7 @@ import polars as pl
 
 from gpufleet.diagnose.timeline import device_timeline, host_timeline, step_spans
 
-__all__ = ["Timelines", "build_timelines", "function_summary", "per_step_functions"]
+__all__ = ["Timelines", "build_timelines", "call_sites", "function_summary", "per_step_functions"]
 
 _KEYS = ["rank", "domain", "category", "function"]
 
@@ -57,6 +57,7 @@ def _calls(t: Timelines) -> pl.DataFrame:
         _function_name(),
         (pl.col("self_ns") - pl.col("wait_ns")).alias("time_ns"),
         "wait_ns",
+        "ts_ns",
     )
     step_self = t.host.filter(pl.col("name").str.starts_with("ProfilerStep#") & pl.col("step").is_not_null()).select(
         "rank",
@@ -66,6 +67,7 @@ def _calls(t: Timelines) -> pl.DataFrame:
         pl.lit("<host outside ops>").alias("function"),
         pl.col("self_ns").alias("time_ns"),
         pl.lit(0, dtype=pl.Int64).alias("wait_ns"),
+        "ts_ns",
     )
     device = t.device.filter(pl.col("step").is_not_null()).select(
         "rank",
@@ -75,6 +77,7 @@ def _calls(t: Timelines) -> pl.DataFrame:
         _function_name(),
         (pl.col("dur_ns") - pl.col("wait_ns")).alias("time_ns"),
         "wait_ns",
+        "ts_ns",
     )
     return pl.concat([host, step_self, device], how="vertical")
 
@@ -87,7 +90,8 @@ def per_step_functions(t: Timelines) -> pl.DataFrame:
     """
     calls = _calls(t)
     agg = calls.group_by(["rank", "step", *_KEYS[1:]]).agg(
-        pl.len().alias("calls"), (pl.col("time_ns").sum() / 1e9).alias("time_s"),
+        pl.len().alias("calls"),
+        (pl.col("time_ns").sum() / 1e9).alias("time_s"),
         (pl.col("wait_ns").sum() / 1e9).alias("wait_s"),
     )
     grid = agg.select(_KEYS[1:]).unique().join(t.spans.select("rank", "step"), how="cross")
@@ -95,6 +99,27 @@ def per_step_functions(t: Timelines) -> pl.DataFrame:
         grid.join(agg, on=["rank", "step", *_KEYS[1:]], how="left")
         .with_columns(pl.col("calls").fill_null(0), pl.col("time_s").fill_null(0.0), pl.col("wait_s").fill_null(0.0))
         .sort("rank", "step", *_KEYS[1:])
+    )
+
+
+def call_sites(t: Timelines) -> pl.DataFrame:
+    """Per (rank, domain, category, function, site): the median over steps of one call site's own seconds.
+
+    Site k of a function is its k-th call in a step: the same site does the same work every step (the same
+    layer, the same bucket), so its median over the steps is a rank's steady cost there, untouched by a moment
+    the OS descheduled the process or a collective that happened to wait. A site a rank skips in a step counts
+    0 s there. ``time_s`` summed over sites is a rank's robust seconds per step in a function or category.
+    """
+    calls = _calls(t).sort("rank", "step", "ts_ns")
+    calls = calls.with_columns(pl.int_range(pl.len()).over("rank", "step", *_KEYS[1:]).alias("site"))
+    per_site = calls.group_by("rank", "step", *_KEYS[1:], "site").agg((pl.col("time_ns").sum() / 1e9).alias("t"))
+    keys = per_site.select("rank", *_KEYS[1:], "site").unique()
+    grid = keys.join(t.spans.select("rank", "step"), on="rank")  # every step of the rank, the site's or not
+    full = grid.join(per_site, on=["rank", "step", *_KEYS[1:], "site"], how="left").with_columns(
+        pl.col("t").fill_null(0.0)
+    )
+    return full.group_by("rank", *_KEYS[1:], "site").agg(
+        pl.col("t").median().alias("time_s"), (pl.col("t") > 0).mean().alias("share_of_steps")
     )
 
 

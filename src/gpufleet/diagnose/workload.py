@@ -73,12 +73,89 @@ class SlowCollate:
 
 
 # ---- model --------------------------------------------------------------------------------------------------------
-class Block(nn.Module):
-    """A pre-norm transformer block whose linears can be made to do extra work and which can sync needlessly.
+_DEVICE_OPS: Any = None
+_now = time.perf_counter  # the clock a throttled layer times itself with (a test may swap it)
 
-    Every linear runs on the flattened tokens concatenated with ``pad`` rows of filler (zero rows on healthy
-    ranks), so a slow rank runs the very same ops as the others, only on bigger matrices, forward and backward.
+
+def _block(x: torch.Tensor, seconds: float) -> torch.Tensor:
+    """Body of ``gpufleet::device_wait``: wait ``seconds`` (none on a healthy rank) without using the CPU."""
+    faults.sleep(seconds)
+    return x.new_empty(0)
+
+
+def _throttle_op() -> Any:
+    """The ``gpufleet::device_wait`` op (registered once per process): blocks for the seconds it is given.
+
+    It is a real dispatcher op, so the profiler records it as a ``cpu_op`` inside the layer that called it, exactly
+    where a throttled GPU's longer kernels would keep the host waiting for them.
     """
+    global _DEVICE_OPS
+    if _DEVICE_OPS is None:
+        lib = torch.library.Library("gpufleet", "DEF")
+        lib.define("device_wait(Tensor x, float seconds) -> Tensor")
+        lib.impl("device_wait", _block, "CompositeExplicitAutograd")
+        _DEVICE_OPS = lib  # keep the library alive: dropping it unregisters the op
+    return torch.ops.gpufleet.device_wait
+
+
+class _LayerClock:
+    """Start times of one wrapped layer call, forward and backward, shared by its enter/exit autograd nodes."""
+
+    __slots__ = ("backward_s", "factor", "forward_s")
+
+    def __init__(self, factor: float) -> None:
+        self.factor, self.forward_s, self.backward_s = factor, 0.0, 0.0
+
+    def stall(self, since: float, x: torch.Tensor) -> None:
+        """Block for ``factor`` times the seconds since ``since``: the layer ran (1 + factor) times as long."""
+        _throttle_op()(x.detach(), self.factor * (_now() - since))
+
+
+class _EnterLayer(torch.autograd.Function):
+    """Identity before a throttled layer: notes its forward start; in backward, stalls for the layer's backward."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, clock: _LayerClock) -> torch.Tensor:
+        ctx.clock = clock
+        clock.forward_s = _now()
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        ctx.clock.stall(ctx.clock.backward_s, grad)
+        return grad, None
+
+
+class _ExitLayer(torch.autograd.Function):
+    """Identity after a throttled layer: stalls for its forward; in backward, notes the backward start."""
+
+    @staticmethod
+    def forward(ctx: Any, y: torch.Tensor, clock: _LayerClock) -> torch.Tensor:
+        ctx.clock = clock
+        clock.stall(clock.forward_s, y)
+        return y.view_as(y)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        ctx.clock.backward_s = _now()
+        return grad, None
+
+
+def throttled(layer: nn.Module, x: torch.Tensor, factor: float) -> torch.Tensor:
+    """``layer(x)`` on a device throttled by ``factor``: forward and backward each take ``1 + factor`` times as long.
+
+    The slow-rank fault. A clock-capped or overheating GPU runs the same kernels slower while its host waits; it
+    does not take CPU from the other ranks' hosts. Extra matmul work would, on a machine where 4 ranks share 2
+    cores, and the scheduler's noise would then drown the fault. So the extra time is spent blocked, in a
+    ``gpufleet::device_wait`` op that every rank runs (0 s on a healthy one): the slow rank calls the very same
+    ops as the others, only for longer.
+    """
+    clock = _LayerClock(factor)
+    return _ExitLayer.apply(layer(_EnterLayer.apply(x, clock)), clock)
+
+
+class Block(nn.Module):
+    """A pre-norm transformer block whose linears can run on a throttled device and which can sync needlessly."""
 
     def __init__(self, d: int, heads: int) -> None:
         super().__init__()
@@ -86,12 +163,11 @@ class Block(nn.Module):
         self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
         self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
         self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
-        self.register_buffer("pad", torch.zeros(0, 4 * d), persistent=False)  # (rows, 4d) filler: slow-rank fault
+        self.throttle = 0.0  # extra fraction of every linear's time, forward and backward: the slow-rank fault
         self.syncs = 0  # needless .item() calls per forward, set by the sync fault
 
     def _lin(self, lin: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-        rows = x.shape[0]
-        return lin(torch.cat([x, self.pad[:, : x.shape[1]]]))[:rows]
+        return throttled(lin, x, self.throttle)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         b, s, d = h.shape
@@ -298,10 +374,8 @@ def _build(args: argparse.Namespace, fault: Fault, rank: int, dev: torch.device)
     torch.manual_seed(args.seed)  # the same initial weights on every rank
     model = TinyLM(args.vocab, args.hidden, args.layers, args.heads, args.seq).to(dev)
     if fault.on(rank, "slow-rank"):
-        gen = torch.Generator().manual_seed(args.seed)
-        pad = torch.randn(round(fault.magnitude * args.batch * args.seq), 4 * args.hidden, generator=gen).to(dev)
         for blk in model.blocks:
-            blk.pad = pad
+            blk.throttle = fault.magnitude
     if fault.on(rank, "sync"):
         for blk in model.blocks:
             blk.syncs = round(fault.magnitude)
