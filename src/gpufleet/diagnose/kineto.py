@@ -10,8 +10,13 @@ and the byte offset where reading stopped.
 
 from __future__ import annotations
 
+import gc
+import io
+import os
 import re
 import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -93,7 +98,7 @@ class NotATraceError(DiagnoseError):
 
 @dataclass
 class TraceFile:
-    """One rank's trace: its events, flows and the trace-level metadata (``distributedInfo``, devices)."""
+    """One rank's trace: its events, flows and its ``distributedInfo`` (rank, world size) when it has one."""
 
     path: Path
     rank: int
@@ -190,7 +195,83 @@ def _ns(values: list[Any]) -> list[int | None]:
     return out
 
 
+_INT_TEXT = r"(-?\d+)"  # the first integer in a value read as text: what _as_int keeps
+_ARG_KEYS = (*_INT_ARGS.values(), *_STR_ARGS.values())
+#: one raw event as Polars reads it: ids and metadata as text (their integer is extracted after), times as floats
+_RAW_EVENT = {
+    **dict.fromkeys(("ph", "cat", "name", "pid", "tid", "id"), pl.Utf8()),
+    "ts": pl.Float64(),
+    "dur": pl.Float64(),
+}
+_RAW_DOC = {
+    "traceEvents": pl.List(pl.Struct({**_RAW_EVENT, "args": pl.Struct(dict.fromkeys(_ARG_KEYS, pl.Utf8()))})),
+    "distributedInfo": pl.Struct({"rank": pl.Int64(), "world_size": pl.Int64()}),
+}
+_POLARS_CANNOT = (pl.exceptions.PolarsError, pl.exceptions.PanicException, TypeError, ValueError, OverflowError)
+
+
+def _int_expr(col: str, alias: str | None = None) -> pl.Expr:
+    """:func:`_as_int` on a text column: its first integer, or null."""
+    return pl.col(col).str.extract(_INT_TEXT, 1).cast(pl.Int64).alias(alias or col)
+
+
+def _ns_expr(col: str) -> pl.Expr:
+    """:func:`_ns` on a Float64 column of microseconds: whole and fractional microseconds converted apart."""
+    whole = pl.col(col).floor()
+    return (whole.cast(pl.Int64) * 1000 + ((pl.col(col) - whole) * 1000.0).round(0).cast(pl.Int64)).alias(f"{col}_ns")
+
+
+def _event_columns(raw: pl.DataFrame, rank: int) -> pl.DataFrame:
+    """The event frame (EVENT_SCHEMA) of raw events with text ids, float times and the kept args as columns."""
+    frame = raw.select(
+        "ph",
+        "cat",
+        "name",
+        _int_expr("pid"),
+        _int_expr("tid"),
+        _ns_expr("ts"),
+        _ns_expr("dur").fill_null(0),
+        *(_int_expr(key, col) for col, key in _INT_ARGS.items()),
+        *(pl.col(key).alias(col) for col, key in _STR_ARGS.items()),
+    )
+    return frame.with_columns(pl.lit(rank, dtype=pl.Int32).alias("rank")).select(list(EVENT_SCHEMA))
+
+
+def _read_columnar(data: bytes) -> tuple[pl.DataFrame, dict[str, Any]] | None:
+    """Every event of a trace document and its ``distributedInfo``, parsed by Polars in Rust (no Python dict per
+    event, and without the GIL, so that files parse in parallel threads).
+
+    None where Polars cannot take the document (a bare event array, malformed JSON, a value of another type
+    than expected): the orjson path then reads it, or says exactly what is wrong with it.
+    """
+    try:
+        doc = pl.read_json(io.BytesIO(data), schema=_RAW_DOC)
+    except _POLARS_CANNOT:
+        return None
+    if doc.height != 1 or doc["traceEvents"][0] is None:
+        return None
+    events = doc.select(pl.col("traceEvents").explode()).unnest("traceEvents").filter(pl.col("ph").is_not_null())
+    return events.unnest("args"), doc["distributedInfo"][0] or {}
+
+
 def _event_frame(events: list[dict[str, Any]], rank: int) -> pl.DataFrame:
+    """Columns of complete and instant events, built by Polars from the event dicts (in Rust).
+
+    Ids are read as text and their first integer kept (``"stream 7"`` -> 7), as :func:`_as_int` does; times
+    are read as floats, exact for integer microseconds below 2**53. Where Polars cannot take a value (a time
+    written as text), the per-column comprehensions of :func:`_event_frame_by_column` decide instead.
+    """
+    try:
+        top = pl.from_dicts(events, schema={k: v for k, v in _RAW_EVENT.items() if k != "id"}, strict=False)
+        args = pl.from_dicts(
+            [e.get("args") or {} for e in events], schema=dict.fromkeys(_ARG_KEYS, pl.Utf8()), strict=False
+        )
+    except _POLARS_CANNOT:
+        return _event_frame_by_column(events, rank)
+    return _event_columns(pl.concat([top, args], how="horizontal"), rank)
+
+
+def _event_frame_by_column(events: list[dict[str, Any]], rank: int) -> pl.DataFrame:
     """Columns of complete and instant events, built with one comprehension per column (fast in CPython)."""
     args = [e.get("args") or {} for e in events]
     cols: dict[str, list[Any]] = {
@@ -223,6 +304,12 @@ def _flow_frame(flows: list[dict[str, Any]], rank: int) -> pl.DataFrame:
     return frame.with_columns(pl.lit(rank, dtype=pl.Int32).alias("rank")).select(list(FLOW_SCHEMA))
 
 
+def _flow_columns(raw: pl.DataFrame, rank: int) -> pl.DataFrame:
+    """The flow frame (FLOW_SCHEMA) of raw flow events with text ids and float times."""
+    frame = raw.select("ph", "cat", _int_expr("id"), _int_expr("pid"), _int_expr("tid"), _ns_expr("ts"))
+    return frame.with_columns(pl.lit(rank, dtype=pl.Int32).alias("rank")).select(list(FLOW_SCHEMA))
+
+
 def _rank_from_name(path: Path) -> int | None:
     match = _RANK_IN_NAME.search(path.name)
     return int(match.group(1)) if match else None
@@ -233,8 +320,13 @@ def read_trace(path: str | Path, fallback_rank: int | None = None) -> TraceFile:
     path = Path(path)
     if not path.is_file():
         raise DiagnoseError(f"{path}: no such trace file")
-    doc = _parse_json(path, load_bytes(path))
-    info = doc.get("distributedInfo") or {}
+    data = load_bytes(path)
+    columnar = _read_columnar(data)
+    if columnar is None:
+        doc = _parse_json(path, data)
+        info = doc.get("distributedInfo") or {}
+    else:
+        raw, info = columnar
     if isinstance(info.get("rank"), int):
         rank, source = info["rank"], "distributedInfo"
     elif (named := _rank_from_name(path)) is not None:
@@ -246,20 +338,39 @@ def read_trace(path: str | Path, fallback_rank: int | None = None) -> TraceFile:
             f"{path}: the trace has no distributedInfo.rank and its name carries no rank; "
             "name it like rank-0.json.gz or pass it within a folder"
         )
-    raw = doc["traceEvents"]
-    complete = [e for e in raw if isinstance(e, dict) and e.get("ph") in ("X", "i", "I")]
-    flows = [e for e in raw if isinstance(e, dict) and e.get("ph") in _FLOW_PHASES]
+    if columnar is None:
+        listed = doc["traceEvents"]
+        events = _event_frame([e for e in listed if isinstance(e, dict) and e.get("ph") in ("X", "i", "I")], rank)
+        flows = _flow_frame([e for e in listed if isinstance(e, dict) and e.get("ph") in _FLOW_PHASES], rank)
+    else:
+        events = _event_columns(raw.filter(pl.col("ph").is_in(["X", "i", "I"])), rank)
+        flows = _flow_columns(raw.filter(pl.col("ph").is_in(list(_FLOW_PHASES))), rank)
     world = info.get("world_size")
-    metadata = {k: v for k, v in doc.items() if k != "traceEvents"}
     return TraceFile(
         path=path,
         rank=int(rank),
         rank_source=source,
         world_size=int(world) if isinstance(world, int) else None,
-        events=_event_frame(complete, int(rank)),
-        flows=_flow_frame(flows, int(rank)),
-        metadata=metadata,
+        events=events,
+        flows=flows,
+        metadata={"distributedInfo": info} if info else {},
     )
+
+
+@contextmanager
+def _cyclic_gc_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector while traces are parsed, restoring its state afterwards.
+
+    Parsed JSON holds no reference cycles, yet its hundreds of thousands of new dicts trigger full collections
+    that walk the whole heap: with another tool's data live, those took half of the load time.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def find_trace_files(folder: Path) -> list[Path]:
@@ -270,7 +381,7 @@ def find_trace_files(folder: Path) -> list[Path]:
 def read_folder(folder: str | Path, *, workers: int | None = None) -> TraceSet:
     """Read every trace of a folder (or one file) into a :class:`TraceSet`; missing ranks are listed, not fatal.
 
-    Files are parsed on a thread pool: orjson and Polars release the GIL for much of the work.
+    Files are parsed on a thread pool (one thread per CPU): decompression and Polars release the GIL.
     """
     from concurrent.futures import ThreadPoolExecutor
 
@@ -291,7 +402,8 @@ def read_folder(folder: str | Path, *, workers: int | None = None) -> TraceSet:
                 raise
             return path
 
-    with ThreadPoolExecutor(max_workers=workers or min(8, len(paths))) as pool:
+    threads = workers or min(8, len(paths), os.cpu_count() or 1)
+    with _cyclic_gc_paused(), ThreadPoolExecutor(max_workers=threads) as pool:
         read = list(pool.map(lambda ip: read_or_skip(*ip), enumerate(paths)))
     files = [r for r in read if isinstance(r, TraceFile)]
     skipped = [r for r in read if isinstance(r, Path)]
