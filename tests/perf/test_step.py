@@ -335,3 +335,21 @@ def test_estimate_step_rejects_invalid_layout(a100: System) -> None:
     # check=False scores it anyway
     est = estimate_step(get_model("gpt3-175b"), a100, Layout(tp=5, dp=2), 8, efficiency=FIXED, check=False)
     assert est.step_time_s > 0
+
+
+def test_context_parallel_pays_for_its_kv_all_gather(a100: System) -> None:
+    # Llama-3 70B (GQA: 8 K/V heads of 128) at 32k tokens: CP splits the sequence, and every layer all-gathers K and V
+    # over the CP group (forward) and reduce-scatters their gradients (backward); one node holds TP8, so CP peers
+    # are on other nodes and the exchange crosses the NIC
+    opts = TrainOptions(causal_flops=True)
+    no_cp = _est("llama3-70b", a100, Layout(tp=8, pp=4, dp=4, recompute="full"), 64, opts)
+    with_cp = _est("llama3-70b", a100, Layout(tp=8, pp=4, dp=2, cp=2, recompute="full"), 64, opts)
+    assert no_cp.values["cp_comm"] == 0.0
+    assert with_cp.values["cp_comm"] > 0.0
+    m = get_model("llama3-70b")
+    layers = m.layers / 4  # per pipeline stage
+    kv = 2 * m.seq * m.kv_width * 2 / 8  # K and V of the whole sequence, one TP rank's share, bf16
+    link = FIXED.for_nic(a100.nic)
+    # a 2-rank ring all-gather: one step moving half of it; full recompute gathers a third time
+    one = (kv / 2) / (a100.nic_bytes_per_gpu * link.efficiency) + link.alpha_us * 1e-6
+    assert with_cp.values["cp_comm"] == pytest.approx(with_cp.values["microbatches"] * layers * 3 * one, rel=1e-9)

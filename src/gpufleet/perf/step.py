@@ -39,7 +39,7 @@ from gpufleet.perf.system import System
 __all__ = ["BREAKDOWN_KEYS", "StepEstimate", "estimate_step", "evaluate", "layout_problems"]
 
 #: Components of the step time, in the order reports show them.
-BREAKDOWN_KEYS = ("compute", "tp_comm", "pp_bubble", "pp_comm", "dp_comm_exposed", "optimizer", "overhead")
+BREAKDOWN_KEYS = ("compute", "tp_comm", "cp_comm", "pp_bubble", "pp_comm", "dp_comm_exposed", "optimizer", "overhead")
 
 _ADAM_BYTES_PER_PARAM = 40.0  # read fp32 param, grad, m, v; write param, m, v; write bf16 copy
 
@@ -121,13 +121,22 @@ def evaluate(
     n_coll = (4.0 + 2.0 * (rc == 2)) * (0.5 if opt.parallel_block else 1.0)
     tp_layer = n_coll * tp_ar * (sw.tp_overlap_exposed if opt.tp_overlap else 1.0)
 
+    # --- context-parallel K/V exchange: all-gather K and V over the CP group before attention (forward, and again
+    # when recompute repeats it), reduce-scatter their gradients (backward), as Llama 3's all-gather CP does; with
+    # TP inside a node, CP peers sit tp GPUs apart, on other nodes once tp * cp exceeds a node ---
+    kv_bytes = 2.0 * cp * tok * model.kv_width * 2.0 / tp  # K and V of the whole sequence, this TP rank's heads
+    cp_local = np.clip(per_node / tp, 1.0, cp)
+    cp_gather = coll.hierarchical_all_gather(kv_bytes, cp, cp_local, intra_bw, nic_bw, intra_alpha, nic_alpha)
+    cp_layer = np.where(cp > 1, (2.0 + (rc == 2)) * cp_gather, 0.0)
+
     # --- slowest stage: its layers plus the output layer and loss (Megatron keeps them on the last stage) ---
     # uneven splits put ceil(L / (pp·vp)) layers on each virtual chunk of the slowest stage
     layers_per_stage = np.ceil(model.layers / (pp * vp)) * vp
     t_logits = 3.0 * logit_flops_per_token(model) * tok / tp / gemm_rate + 3.0 * 8.0 * vocab * tok / tp / mem_rate
     compute_mb = layers_per_stage * t_layer_compute + t_logits
     tp_mb = layers_per_stage * tp_layer
-    t_mb = compute_mb + tp_mb
+    cp_mb = layers_per_stage * cp_layer
+    t_mb = compute_mb + tp_mb + cp_mb
 
     m = gbs / (dp * mbs)
     bubble = np.where(pp > 1, (pp - 1.0) / vp * t_mb, 0.0)
@@ -184,8 +193,9 @@ def evaluate(
 
     compute = m * compute_mb
     tp_comm = m * tp_mb
+    cp_comm = m * cp_mb
     overhead = np.full_like(compute, sw.step_overhead_s)
-    step = compute + tp_comm + bubble + pp_comm + dp_exposed + optimizer + overhead
+    step = compute + tp_comm + cp_comm + bubble + pp_comm + dp_exposed + optimizer + overhead
 
     # --- memory per GPU on the first stage (most micro-batches in flight) ---
     states = stage_params / tp * state_bytes_per_param(opt.zero, n_dp)
@@ -211,6 +221,7 @@ def evaluate(
         "step_time_s": step,
         "compute": compute,
         "tp_comm": tp_comm,
+        "cp_comm": cp_comm + 0.0 * step,
         "pp_bubble": m * 0 + bubble,
         "pp_comm": pp_comm,
         "dp_comm_exposed": dp_exposed,
@@ -224,7 +235,7 @@ def evaluate(
         "hfu": flops_hw / (step * peak_total),
         "tokens_per_s": gbs * s / step,
         # per-unit pieces for models that assemble uneven pipelines (perf.hetero)
-        "layer_s": t_layer_compute + tp_layer,
+        "layer_s": t_layer_compute + tp_layer + cp_layer,
         "logits_s": t_logits,
         "p2p_s": t_p2p,
         "dp_s": np.where(n_dp > 1, t_dp if opt.zero != 3 else m * per_mb, 0.0) + 0.0 * step,
