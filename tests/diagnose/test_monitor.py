@@ -161,7 +161,7 @@ def test_cuda_path_resolves_events_lazily_and_reuses_them(tmp_path: Path, monkey
 
 _WORKER = textwrap.dedent(
     """
-    import sys, time
+    import os, sys, time
     import torch.distributed as dist
     from gpufleet.diagnose.monitor import StepMonitor
     dist.init_process_group("gloo")
@@ -174,7 +174,10 @@ _WORKER = textwrap.dedent(
             dist.barrier()
         mon.step()
     mon.close()
+    dist.barrier()
     dist.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(0)  # skip teardown, which gloo's threads can abort ("terminate called without an active exception")
     """
 )
 
