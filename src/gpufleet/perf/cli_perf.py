@@ -41,13 +41,14 @@ __all__ = [
 BREAKDOWN_LABELS = {
     "compute": "compute (incl. recomputation)",
     "tp_comm": "TP communication (exposed)",
+    "cp_comm": "CP K/V all-gather",
     "pp_bubble": "pipeline bubble",
     "pp_comm": "PP send/recv",
     "dp_comm_exposed": "DP communication (exposed)",
     "optimizer": "optimizer step",
     "overhead": "fixed per-step overhead",
 }
-_SHORT = {"compute": "compute", "tp_comm": "TP comm", "pp_bubble": "bubble", "pp_comm": "PP comm",
+_SHORT = {"compute": "compute", "tp_comm": "TP comm", "cp_comm": "CP comm", "pp_bubble": "bubble", "pp_comm": "PP comm",
           "dp_comm_exposed": "DP comm", "optimizer": "optim.", "overhead": "overhead"}
 _SUFFIX = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
 _DEFAULT_GPU = "a100-80g"
