@@ -353,3 +353,32 @@ def test_real_socket_stream_and_disconnect_with_uvicorn():
     finally:
         server.should_exit = True
         thread.join(timeout=5)
+
+
+class HalfCharacters(FakeBackend):
+    """Generates "é" as its two UTF-8 halves (the first decodes to no text), then an end-of-sequence token."""
+
+    async def generate(self, prompt, adapter, params, request_id) -> AsyncIterator[GenerationChunk]:
+        for k, (token, text, reason) in enumerate([(195, "", None), (169, "é", None), (2, "", "stop")], 1):
+            yield GenerationChunk(request_id, token, text, reason, prompt_tokens=1, completion_tokens=k)
+
+
+def test_completion_stream_sends_every_token_id_also_without_text():
+    c = client(HalfCharacters())
+    with c.stream("POST", "/v1/completions", json={"model": "fake-base", "prompt": "x", "stream": True}) as r:
+        chunks = [e for e in sse_events(r.read().decode()) if e != "[DONE]"]
+    choices = [e["choices"][0] for e in chunks]
+    assert [ch.get("token_ids") for ch in choices] == [[195], [169], [2], None]  # the last: the finish event
+    assert [ch["text"] for ch in choices] == ["", "é", "", ""]
+    assert choices[-1]["finish_reason"] == "stop"
+    whole = completion(c, prompt="x").json()["choices"][0]
+    assert whole["text"] == "é" and "token_ids" not in whole  # the extension is in streamed chunks only
+
+
+def test_chat_stream_sends_only_deltas_with_text():
+    c = client(HalfCharacters())
+    body = {"model": "fake-base", "messages": [{"role": "user", "content": "x"}], "stream": True}
+    with c.stream("POST", "/v1/chat/completions", json=body) as r:
+        chunks = [e for e in sse_events(r.read().decode()) if e != "[DONE]"]
+    contents = [e["choices"][0]["delta"].get("content") for e in chunks]
+    assert contents == ["", "é", None]  # the role event, the one delta with text, the finish event

@@ -94,8 +94,11 @@ def test_remote_backend_lists_models_state_and_streams_text_and_token_prompts():
         assert chunks[-1].completion_tokens == 4 and chunks[-1].prompt_tokens == 5
         assert all(c.request_id == "r" for c in chunks)
 
+        assert [c.token_id for c in chunks] == [ord(ch) for ch in "hell"]  # the ids ride along (gpufleet's extension)
+
         chunks = asyncio.run(collect(remote, [ord("o"), ord("k")], None, n=3))
         assert "".join(c.text for c in chunks) == "oko"
+        assert [c.token_id for c in chunks] == [ord("o"), ord("k"), ord("o")]
         received = fake.received[-1]
         assert received[1] == [ord("o"), ord("k")] and received[2] is None
 
@@ -177,6 +180,30 @@ def test_placement_over_remote_servers_consolidates_then_spills_to_the_other():
         where = asyncio.run(both())
     assert sorted(where, key=sorted) == [{"w0"}, {"w1"}]
     assert all(len(f.finished) == 1 for f in fakes)
+
+
+def test_a_token_id_prompt_migrates_between_remote_servers_by_its_ids():
+    """KV runs out on one server: the newest request moves to the other, prefilled with prompt + generated ids."""
+    fakes = [FakeBackend(instance_id=f"fake-{i}", total_blocks=6, block_size=4, delay=0.01) for i in range(2)]
+    with serving(fakes[0]) as url0, serving(fakes[1]) as url1:
+        remotes = {"w0": RemoteBackend(url0), "w1": RemoteBackend(url1)}
+        for remote in remotes.values():
+            remote.refresh()
+        frontend = PlacementFrontend(remotes)
+
+        async def both() -> list[list]:
+            old = asyncio.create_task(collect(frontend, [ord(c) for c in "abcdefgh"], None, n=6, request_id="old"))
+            await asyncio.sleep(0.005)
+            new = asyncio.create_task(collect(frontend, [ord(c) for c in "ABCDEFGH"], None, n=6, request_id="new"))
+            return [await old, await new]
+
+        old, new = asyncio.run(both())
+    assert frontend.placement.counters["migrations"] == 1
+    mine = [ord(c) for c in "ABCDEFGH"]
+    resumed = [r[1] for f in fakes for r in f.received if r[1][:8] == mine and len(r[1]) > 8]
+    before = [c.token_id for c in new if c.extra["attempt"] == 1]  # what the first server generated
+    assert before and resumed == [mine + before]  # the second attempt's prompt: real ids, no -1
+    assert [c.completion_tokens for c in new] == [1, 2, 3, 4, 5, 6] and "".join(c.text for c in old) == "abcdef"
 
 
 # --------------------------------------------------------------------------------------------- the real cluster

@@ -137,6 +137,9 @@ class CompletionChoice(BaseModel):
     text: str
     logprobs: None = None
     finish_reason: str | None = None
+    #: gpufleet's extension, in streamed chunks: the ids of the tokens this chunk's text came from (every
+    #: generated token gets a chunk, also one without text), so that a front end can resume a request by id
+    token_ids: list[int] | None = Field(default=None, exclude_if=lambda ids: ids is None)
 
 
 class CompletionResponse(BaseModel):

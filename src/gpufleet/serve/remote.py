@@ -14,9 +14,11 @@ Punica's scheduler routes to its GPU runners:
   a chunk arrives once it is older than ``state_ttl_s``. Placement only reads capacity from it (KV blocks, block
   size, max batch), which does not change while a server runs, so a stale copy is harmless.
 
-The OpenAI wire format carries text, not token ids: chunks have ``token_id = -1``, and their ``prompt_tokens`` is
-the prompt's length as ``count_tokens`` estimates it until the final usage event gives the server's count. Sampling
-fields the wire cannot carry (``stop_token_ids``, ``ignore_eos``) are refused rather than dropped silently.
+The OpenAI wire format carries text; gpufleet's server adds each token's id to its streamed chunks
+(``token_ids``), which chunks keep, so that a request with a token-id prompt can migrate by recompute. From
+another server chunks have ``token_id = -1``. A chunk's ``prompt_tokens`` is the prompt's length as
+``count_tokens`` estimates it until the final usage event gives the server's count. Sampling fields the wire
+cannot carry (``stop_token_ids``, ``ignore_eos``) are refused rather than dropped silently.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import httpx
 from gpufleet.errors import ServeError
 from gpufleet.serve.protocol import GenerationChunk, OverloadedError, SamplingParams, UnknownAdapterError
 
-UNKNOWN_TOKEN = -1  # the wire carries text only
+UNKNOWN_TOKEN = -1  # a token whose id the server did not send (an OpenAI server other than gpufleet's)
 DOWN_STATE = {"max_batch": 0, "total_blocks": 0, "free_blocks": 0, "batch": 0, "waiting": 0}
 
 
@@ -189,10 +191,12 @@ class RemoteBackend:
                       prompt_tokens: int) -> AsyncIterator[GenerationChunk]:
         """Server-sent events -> one chunk per generated token, the last one with the finish reason.
 
-        The server sends one event per token that has text (not EOS, not part of a UTF-8 character), then a
-        finishing event without text, then the usage. Each text chunk is held back by one event so that the
-        finishing one can ride on the last; tokens the server sent no text for become empty chunks before it.
-        A consumer that counts chunks (as ``PlacementFrontend`` does) thus ends with the server's token count.
+        A gpufleet server sends one event per generated token with its id (``token_ids``, also for a token
+        without text), then a finishing event without text, then the usage. Each chunk is held back by one
+        event so that the finishing one can ride on the last. Another OpenAI server sends text only, and no
+        event for a token without text: its chunks get ``token_id = -1``, and the tokens it sent no event for
+        become empty chunks before the last. A consumer that counts chunks (as ``PlacementFrontend`` does) thus
+        ends with the server's token count either way.
         """
         held: GenerationChunk | None = None
         sent, reason, usage = 0, None, {}
@@ -204,11 +208,14 @@ class RemoteBackend:
             for choice in event.get("choices") or []:
                 reason = choice.get("finish_reason") or reason
                 if choice.get("finish_reason") is None:
-                    if held is not None:
-                        yield held
-                    sent += 1
-                    held = GenerationChunk(request_id, UNKNOWN_TOKEN, choice.get("text") or "", None,
-                                           prompt_tokens=prompt_tokens, completion_tokens=sent)
+                    ids = choice.get("token_ids") or [UNKNOWN_TOKEN]
+                    for k, token in enumerate(ids):  # the event's text goes with its last token
+                        if held is not None:
+                            yield held
+                        sent += 1
+                        text = (choice.get("text") or "") if k == len(ids) - 1 else ""
+                        held = GenerationChunk(request_id, int(token), text, None,
+                                               prompt_tokens=prompt_tokens, completion_tokens=sent)
         if reason is None:
             raise RemoteBackendError(f"{self.base_url}: the stream ended without a finish reason")
         for chunk in _finish(held, request_id, reason, sent, usage, prompt_tokens):

@@ -179,14 +179,17 @@ class Generation:
         self.completion_tokens = 0
         self._closed = False
 
-    async def pieces(self) -> AsyncIterator[str]:
-        """The output text, piece by piece; ``finish_reason`` and the counts are set when it ends."""
+    async def steps(self) -> AsyncIterator[tuple[str, int | None]]:
+        """Per generated token, (the text it releases, its id); ``finish_reason`` and the counts are set at the end.
+
+        The text may be empty: an end-of-sequence token, part of a UTF-8 character, text a stop string may still
+        claim. Text held back to the end comes last, with id None.
+        """
         chunk = self._first
         while chunk is not None:
             self._count(chunk)
             text, hit = self._stop.feed(chunk.text)
-            if text:
-                yield text
+            yield text, chunk.token_id
             if hit:
                 self.finish_reason = "stop"
                 return
@@ -196,7 +199,14 @@ class Generation:
         self.finish_reason = chunk.finish_reason if chunk is not None else "stop"
         tail = self._stop.flush()
         if tail:
-            yield tail
+            yield tail, None
+
+    async def pieces(self) -> AsyncIterator[str]:
+        """The output text, piece by piece (no empty pieces); ``finish_reason`` and the counts are set at the end."""
+        async with contextlib.aclosing(self.steps()) as steps:
+            async for text, _ in steps:
+                if text:
+                    yield text
 
     def usage(self) -> Usage:
         """Token counts so far (final once ``pieces`` has ended)."""
@@ -341,15 +351,18 @@ def _sse(payload: Any) -> str:
     return f"data: {payload.model_dump_json()}\n\n"
 
 
-async def _stream_events(gen: Generation, first: Sequence[Any], piece: Callable[[str], Any],
+async def _stream_events(gen: Generation, first: Sequence[Any], piece: Callable[[str, int | None], Any],
                          last: Callable[[str | None], Any], usage: Callable[[Usage], Any] | None) -> AsyncIterator[str]:
-    """Server-sent events: leading events, one per text piece, the finishing one, optional usage, ``[DONE]``."""
+    """Server-sent events: leading events, one per generated token (``piece`` may skip one: None), the finishing
+    one, optional usage, ``[DONE]``."""
     try:
         for event in first:
             yield _sse(event)
-        async with contextlib.aclosing(gen.pieces()) as pieces:
-            async for text in pieces:
-                yield _sse(piece(text))
+        async with contextlib.aclosing(gen.steps()) as steps:
+            async for text, token_id in steps:
+                event = piece(text, token_id)
+                if event is not None:
+                    yield _sse(event)
         yield _sse(last(gen.finish_reason))
         if usage is not None:
             yield _sse(usage(gen.usage()))
@@ -373,8 +386,11 @@ class CompletionShape:
     def first(self) -> list[Any]:
         return []
 
-    def piece(self, text: str) -> CompletionResponse:
-        return self._make([CompletionChoice(text=text)])
+    def piece(self, text: str, token_id: int | None) -> CompletionResponse | None:
+        """Every token gets an event with its id (gpufleet's ``token_ids`` extension), text or not."""
+        if token_id is None or token_id < 0:
+            return self._make([CompletionChoice(text=text)]) if text else None
+        return self._make([CompletionChoice(text=text, token_ids=[token_id])])
 
     def last(self, reason: str | None) -> CompletionResponse:
         return self._make([CompletionChoice(text="", finish_reason=reason)])
@@ -398,8 +414,9 @@ class ChatShape:
     def first(self) -> list[Any]:
         return [self._chunk([ChatChunkChoice(delta=Delta(role="assistant", content=""))])]
 
-    def piece(self, text: str) -> ChatCompletionChunk:
-        return self._chunk([ChatChunkChoice(delta=Delta(content=text))])
+    def piece(self, text: str, token_id: int | None) -> ChatCompletionChunk | None:
+        """Only tokens with text: chat deltas carry text, as OpenAI's do."""
+        return self._chunk([ChatChunkChoice(delta=Delta(content=text))]) if text else None
 
     def last(self, reason: str | None) -> ChatCompletionChunk:
         return self._chunk([ChatChunkChoice(delta=Delta(), finish_reason=reason)])
