@@ -181,3 +181,23 @@ def test_slow_data_on_rank_1_shows_in_its_dataloader_op(tmp_path: Path) -> None:
     assert [truth[k] for k in ("kind", "rank", "magnitude", "category")] == ["slow-data", 1, 0.05, "data_loading"]
     med = [statistics.median(e["dur"] for e in _events(_trace(out / f"rank-{r}.json.gz"), LOADER)) for r in (0, 1)]
     assert med[1] >= 50_000 and med[1] > med[0] + 40_000  # µs
+
+
+# ---- end to end: the workload's faults, found by the analyser (bench/diagnose_accuracy.py runs the full matrix) -----
+@pytest.mark.slow
+def test_a_throttled_rank_is_the_top_compute_finding(tmp_path: Path) -> None:
+    from gpufleet.diagnose.analyzer import TraceAnalyzer
+
+    out = run_workload(tmp_path, fault="slow-rank:2:1", nproc=4, steps=8)  # as bench/diagnose_accuracy.py runs it
+    top = TraceAnalyzer(out).diagnose().alarms[0]
+    assert (top.rank, top.category, top.function) == (2, "compute", "gpufleet::device_wait")
+    assert top.evidence["others_wait_s_per_step"] > 0  # the other ranks wait for it
+
+
+@pytest.mark.slow
+def test_a_hung_rank_is_found_in_the_collective_it_never_entered(tmp_path: Path) -> None:
+    from gpufleet.diagnose.analyzer import TraceAnalyzer
+
+    out = run_workload(tmp_path, fault="hang:1", nproc=2, steps=4)
+    top = TraceAnalyzer(out).diagnose().alarms[0]
+    assert (top.rank, top.category) == (1, "hang")
