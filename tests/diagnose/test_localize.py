@@ -109,3 +109,32 @@ def test_a_slowdown_in_a_minority_of_steps_is_not_a_slow_rank(tmp_path):
     steady = TraceAnalyzer(write_job(tmp_path / "steady", JobShape(faults=[Fault("compute", 2, 0.02)]))).diagnose()
     assert not [f for f in blip.alarms if f.category == "compute"]
     assert (steady.alarms[0].rank, steady.alarms[0].category) == (2, "compute")
+
+
+def test_a_blocking_wait_in_which_the_collective_ends_is_all_waiting():
+    # main thread (tid 1): a step holding the all-reduce section, which holds the rank's bucket copy and its blocking
+    # wait; gloo's worker (tid 2) runs the collective from 100 to 200 us. The wait lasts until 260 us: the thread
+    # took 60 us to wake up after the collective ended, which is waiting, not the rank's own communication work
+    from gpufleet.diagnose.kineto import EVENT_SCHEMA
+    from gpufleet.diagnose.timeline import host_timeline
+
+    rows = [
+        ("user_annotation", "ProfilerStep#0", 1, 0, 400),
+        ("user_annotation", "gpufleet::allreduce", 1, 50, 300),
+        ("cpu_op", "aten::cat", 1, 60, 30),
+        ("user_annotation", "gpufleet::comm_wait", 1, 150, 110),
+        ("cpu_op", "gloo:all_reduce", 2, 100, 100),
+    ]
+    frame = pl.DataFrame(
+        [{"rank": 0, "ph": "X", "cat": c, "name": n, "pid": 7, "tid": t, "ts_ns": ts * 1000, "dur_ns": d * 1000}
+         for c, n, t, ts, d in rows],
+    ).with_columns(pl.col("rank").cast(pl.Int32))
+    missing = [k for k in EVENT_SCHEMA if k not in frame.columns]
+    frame = frame.with_columns(*(pl.lit(None, dtype=EVENT_SCHEMA[k]).alias(k) for k in missing))
+    host = host_timeline(frame.select(list(EVENT_SCHEMA)).cast(EVENT_SCHEMA)).sort("ts_ns")
+    wait = dict(zip(host["name"], host["wait_ns"], strict=True))
+    own = dict(zip(host["name"], host["self_ns"] - host["wait_ns"], strict=True))
+    assert wait["gpufleet::comm_wait"] == 110_000 and own["gpufleet::comm_wait"] == 0
+    # the section holds ops, so the rule does not apply to it: it waits for the collective's 100 us in flight and
+    # keeps the rest of its 160 us of self time (50-60, 90-150, 260-350 us) as its own
+    assert wait["gpufleet::allreduce"] == 100_000 and own["gpufleet::allreduce"] == 60_000

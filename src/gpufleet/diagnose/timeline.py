@@ -166,7 +166,8 @@ def _wait_time(host: pl.DataFrame, spans: pl.DataFrame) -> pl.DataFrame:
 
     Collective implementations (``gloo:all_reduce`` on gloo's worker thread) and synchronisations wait
     for all their self time. A communication-scope event on the training thread waits for the part of
-    its span covered by a collective in flight on the same rank (the untraced ``work.wait()``); the
+    its span covered by a collective in flight on the same rank (the untraced ``work.wait()``), and all of
+    it when it holds no op and a collective ends inside it (a blocking wait, woken up after the end); the
     rest of its self time (packing buckets, a delay before the call) is the rank's own work.
     """
     own_wait = (pl.col("name").str.contains(COLLECTIVE_IMPL) | (pl.col("own") == SYNC)).fill_null(False)
@@ -180,9 +181,16 @@ def _wait_time(host: pl.DataFrame, spans: pl.DataFrame) -> pl.DataFrame:
         cand = group.filter((pl.col("category") == COMMUNICATION) & ~pl.col("name").str.contains(COLLECTIVE_IMPL))
         if c.is_empty() or cand.is_empty():
             continue
-        f = _covered(c["ts_ns"].to_numpy(), (c["ts_ns"] + c["dur_ns"]).to_numpy())
-        start = cand["ts_ns"].to_numpy()
-        overlap = f(start + cand["dur_ns"].to_numpy()) - f(start)
+        c_end = (c["ts_ns"] + c["dur_ns"]).to_numpy()
+        f = _covered(c["ts_ns"].to_numpy(), c_end)
+        start, dur = cand["ts_ns"].to_numpy(), cand["dur_ns"].to_numpy()
+        overlap = f(start + dur) - f(start)
+        # a blocking wait (no op inside it) in which a collective ends waited all along: after the collective
+        # ended, the thread was only being woken up (on a busy CPU, milliseconds), which is no work of its own
+        ends = np.sort(c_end)
+        ended_inside = np.searchsorted(ends, start + dur, side="right") > np.searchsorted(ends, start, side="right")
+        blocking = ended_inside & (cand["self_ns"].to_numpy() == dur)
+        overlap = np.where(blocking, dur, overlap)
         parts.append(pl.DataFrame({"_row": cand["_row"], "_overlap": overlap.astype(np.int64)}))
     if not parts:
         return host
