@@ -255,24 +255,9 @@ def _read_columnar(data: bytes) -> tuple[pl.DataFrame, dict[str, Any]] | None:
 
 
 def _event_frame(events: list[dict[str, Any]], rank: int) -> pl.DataFrame:
-    """Columns of complete and instant events, built by Polars from the event dicts (in Rust).
+    """Columns of complete and instant events, built with one comprehension per column (fast in CPython).
 
-    Ids are read as text and their first integer kept (``"stream 7"`` -> 7), as :func:`_as_int` does; times
-    are read as floats, exact for integer microseconds below 2**53. Where Polars cannot take a value (a time
-    written as text), the per-column comprehensions of :func:`_event_frame_by_column` decide instead.
-    """
-    try:
-        top = pl.from_dicts(events, schema={k: v for k, v in _RAW_EVENT.items() if k != "id"}, strict=False)
-        args = pl.from_dicts(
-            [e.get("args") or {} for e in events], schema=dict.fromkeys(_ARG_KEYS, pl.Utf8()), strict=False
-        )
-    except _POLARS_CANNOT:
-        return _event_frame_by_column(events, rank)
-    return _event_columns(pl.concat([top, args], how="horizontal"), rank)
-
-
-def _event_frame_by_column(events: list[dict[str, Any]], rank: int) -> pl.DataFrame:
-    """Columns of complete and instant events, built with one comprehension per column (fast in CPython)."""
+    The path for documents :func:`_read_columnar` cannot take; it gives the same frame."""
     args = [e.get("args") or {} for e in events]
     cols: dict[str, list[Any]] = {
         "ph": [e.get("ph") for e in events],

@@ -118,9 +118,7 @@ def call_sites(t: Timelines) -> pl.DataFrame:
     full = grid.join(per_site, on=["rank", "step", *_KEYS[1:], "site"], how="left").with_columns(
         pl.col("t").fill_null(0.0)
     )
-    return full.group_by("rank", *_KEYS[1:], "site").agg(
-        pl.col("t").median().alias("time_s"), (pl.col("t") > 0).mean().alias("share_of_steps")
-    )
+    return full.group_by("rank", *_KEYS[1:], "site").agg(pl.col("t").median().alias("time_s"))
 
 
 def function_summary(t: Timelines) -> pl.DataFrame:
