@@ -6,16 +6,16 @@ import pytest
 
 pytest.importorskip("torch")
 
-from gpufleet.serve.adapters import AdapterStore  # noqa: E402
-from gpufleet.serve.bench import (  # noqa: E402
+from gpufleet.serve.adapters import AdapterStore
+from gpufleet.serve.bench import (
     WorkloadConfig,
     bar_rows,
     make_workload,
     random_adapters,
     run_system,
 )
-from gpufleet.serve.engine import EngineConfig  # noqa: E402
-from gpufleet.serve.weights import load_model  # noqa: E402
+from gpufleet.serve.engine import EngineConfig
+from gpufleet.serve.weights import load_model
 
 
 @pytest.fixture(scope="module")

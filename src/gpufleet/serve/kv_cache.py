@@ -49,6 +49,11 @@ class KVCache:
         shape = (layers, num_blocks * block_size, kv_heads, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
+        # gather() writes into these, grown as needed and reused by every layer and step: a fresh multi-MB
+        # tensor per layer is served by mmap on CPU and faults in its pages each time (a quarter of a batch-32
+        # step's time on a 2-core CPU went to page faults)
+        self._gather_k = torch.empty(0, dtype=dtype, device=device)
+        self._gather_v = torch.empty(0, dtype=dtype, device=device)
 
     @classmethod
     def for_budget(cls, layers: int, kv_heads: int, head_dim: int, budget_bytes: int, block_size: int = 16,
@@ -68,5 +73,18 @@ class KVCache:
         self.v[layer].index_copy_(0, slots, v)
 
     def gather(self, layer: int, slot_table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """K and V at pool positions ``slot_table`` [D, T] -> [D, T, kv_heads, head_dim] each."""
-        return self.k[layer][slot_table], self.v[layer][slot_table]
+        """K and V at pool positions ``slot_table`` [D, T] -> [D, T, kv_heads, head_dim] each.
+
+        The results are views of buffers that the next call overwrites: use them before gathering again."""
+        flat = slot_table.reshape(-1)
+        row = self.k.shape[2:]
+        n = flat.numel() * self.k.shape[2] * self.k.shape[3]
+        if self._gather_k.numel() < n:
+            self._gather_k = torch.empty(n, dtype=self.k.dtype, device=self.k.device)
+            self._gather_v = torch.empty(n, dtype=self.v.dtype, device=self.v.device)
+        k = self._gather_k[:n].view(flat.numel(), *row)
+        v = self._gather_v[:n].view(flat.numel(), *row)
+        torch.index_select(self.k[layer], 0, flat, out=k)
+        torch.index_select(self.v[layer], 0, flat, out=v)
+        shape = (*slot_table.shape, *row)
+        return k.view(shape), v.view(shape)
