@@ -46,3 +46,46 @@ def test_slots_follow_the_block_table_and_exhaustion_is_an_error():
         kv.allocator.allocate(3)
     kv.allocator.release(blocks)
     assert kv.allocator.free == 4
+
+
+def test_decode_groups_cover_every_row_once_and_pad_at_most_twofold():
+    from gpufleet.serve.model import GROUP_FILL, decode_groups
+
+    lengths = [3, 40, 41, 7, 19, 2, 80, 39, 5]
+    contexts = [torch.arange(100, 100 + n) for n in lengths]
+    groups = decode_groups(contexts)
+    rows = sorted(int(r) for g in groups for r in g.rows)
+    assert rows == list(range(len(lengths)))
+    assert len(groups) > 1
+    for g in groups:
+        members = [lengths[int(r)] for r in g.rows]
+        assert g.slot_table.shape == (len(members), max(members))
+        assert min(members) >= GROUP_FILL * max(members)
+        assert g.mask.sum(-1).flatten().tolist() == members
+        for row, r in enumerate(g.rows.tolist()):
+            assert torch.equal(g.slot_table[row, : lengths[r]], contexts[r])
+
+
+def test_grouped_decode_attention_gives_the_outputs_of_one_padded_table(monkeypatch):
+    import gpufleet.serve.model as model_module
+    from gpufleet.serve.adapters import AdapterStore
+    from gpufleet.serve.engine import Engine, EngineConfig
+    from gpufleet.serve.protocol import SamplingParams
+    from gpufleet.serve.weights import load_model
+
+    model = load_model("tiny-llama-random")
+    prompts = {f"r{n}": [(5 * n + i) % 250 for i in range(n)] for n in (2, 3, 9, 17, 30, 31)}
+
+    def run() -> dict[str, list[int]]:
+        engine = Engine(model, AdapterStore(model.config), EngineConfig(kv_blocks=64))
+        for rid, prompt in prompts.items():
+            engine.add_request(rid, prompt, None, SamplingParams(max_tokens=8, ignore_eos=True))
+        out: dict[str, list[int]] = {rid: [] for rid in prompts}
+        while engine.has_work():
+            for chunk in engine.step():
+                out[chunk.request_id].append(chunk.token_id)
+        return out
+
+    grouped = run()
+    monkeypatch.setattr(model_module, "GROUP_FILL", 0.0)  # every decode row in one table padded to the longest
+    assert run() == grouped

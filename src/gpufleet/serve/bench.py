@@ -203,8 +203,13 @@ def run_serve_bench(config: ServeBenchConfig, log: Any = print) -> list[dict[str
         store = AdapterStore(mcfg)
         for adapter in random_adapters(mcfg, names, config.rank):
             store.add(adapter)
+        # a full batch of the longest requests never runs out of KV blocks (no preemption in the measurement), and
+        # the pool is no larger: each per-adapter group builds a fresh engine, which zeroes its pool
+        longest = config.workload.max_prompt + config.workload.max_output
+        block = EngineConfig.block_size
+        kv_blocks = config.workload.batch * (-(-longest // block) + 1)
         engine_config = EngineConfig(max_batch=config.workload.batch, adapter_slots=max(config.workload.batch, 8),
-                                     max_rank=config.rank, kv_blocks=4096, lora_backend=config.lora_backend)
+                                     max_rank=config.rank, kv_blocks=kv_blocks, lora_backend=config.lora_backend)
         warm = Engine(model, store, engine_config)  # first forwards pay one-off costs (allocator, kernels)
         _serve(warm, requests[: min(len(requests), config.workload.batch)][:8], True)
         systems = {}

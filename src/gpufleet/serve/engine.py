@@ -18,7 +18,7 @@ import torch
 from gpufleet.errors import ServeError
 from gpufleet.serve.adapters import AdapterCache, AdapterStore
 from gpufleet.serve.kv_cache import KVCache
-from gpufleet.serve.model import LlamaLoRAForCausalLM, LoRABatch, StepBatch
+from gpufleet.serve.model import LlamaLoRAForCausalLM, LoRABatch, StepBatch, decode_groups
 from gpufleet.serve.protocol import GenerationChunk, OverloadedError, SamplingParams, UnknownAdapterError
 from gpufleet.serve.sampling import sample_next
 from gpufleet.serve.tokenizer import ByteTokenizer, Tokenizer
@@ -215,17 +215,12 @@ class Engine:
             contexts.append(context)
             slots.append(context[-1:])
             row_slots.append(request.slot)
-        longest = max((len(c) for c in contexts), default=1)
-        table = torch.zeros(len(contexts), longest, dtype=torch.long)
-        for i, context in enumerate(contexts):
-            table[i, : len(context)] = context
         logits_rows = [start + length - 1 for start, length in spans] + \
             list(range(len(tokens) - len(decodes), len(tokens)))
         dev = self.device
         batch = StepBatch(tokens=torch.tensor(tokens, device=dev), positions=torch.tensor(positions, device=dev),
                           slots=torch.cat(slots).to(dev), prefill_spans=spans, decode_rows=len(decodes),
-                          decode_slot_table=table.to(dev),
-                          decode_lengths=torch.tensor([len(c) for c in contexts], dtype=torch.long, device=dev),
+                          decode_groups=decode_groups(contexts, dev),
                           logits_rows=torch.tensor(logits_rows, device=dev))
         row = torch.tensor(row_slots, dtype=torch.long, device=dev)
         prefill_rows = len(tokens) - len(decodes)
