@@ -78,7 +78,10 @@ class Engine:
         self.device, self.dtype = param.device, param.dtype
         self.kv = KVCache(cfg.num_hidden_layers, self.config.kv_blocks, self.config.block_size,
                           cfg.num_key_value_heads, cfg.head_size, dtype=self.dtype, device=self.device)
-        self.adapters = AdapterCache(store, self.config.adapter_slots, self.config.max_rank, self.dtype, self.device)
+        # the CPU (torch) operators compute LoRA in fp32: slots stored in fp32 convert each adapter once when it is
+        # loaded, not its whole stack at every projection of every step (half of a bf16 step went to that copy)
+        lora_dtype = torch.float32 if self.device.type == "cpu" else self.dtype
+        self.adapters = AdapterCache(store, self.config.adapter_slots, self.config.max_rank, lora_dtype, self.device)
         self.ops = get_lora_ops(self.config.lora_backend)
         self.tokenizer = tokenizer or ByteTokenizer()
         self.eos = set(cfg.eos_ids) | set(self.tokenizer.eos_ids)
