@@ -145,3 +145,21 @@ def test_jct_tail_reward_adds_the_p99_at_the_end() -> None:
     jct = env.last_result.jobs["jct_s"].to_numpy() / 3600.0
     assert total == pytest.approx(-jct.mean() - TAIL_WEIGHT * np.percentile(jct, 99), rel=1e-6)
     env.close()
+
+
+def test_evaluation_refuses_a_run_that_stalls_the_cluster(monkeypatch) -> None:
+    """A policy that leaves jobs waiting forever must not score the JCT of only the jobs it finished."""
+    from gpufleet.sched import base
+    from gpufleet.sched.fifo import Fifo
+    from gpufleet.sim.rl_train import eval_policies
+
+    class HoldsBigJobs(Fifo):
+        name = "holds-big-jobs-test"
+
+        def place(self, j, p, part):
+            return None if self.sim.gpus[j] >= 8 else super().place(j, p, part)
+
+    monkeypatch.setitem(base._REGISTRY, HoldsBigJobs.name, HoldsBigJobs)
+    assert len(eval_policies(_cluster(), ["srtf"], mix="heavy", seeds=[0], jobs=16)) == 1
+    with pytest.raises(ConfigError, match="stalled the cluster"):
+        eval_policies(_cluster(), [HoldsBigJobs.name], mix="heavy", seeds=[0], jobs=16)

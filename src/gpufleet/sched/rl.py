@@ -20,7 +20,6 @@ import numpy as np
 from gpufleet.errors import ConfigError
 from gpufleet.sched.base import register
 from gpufleet.sched.netaware import CandidatePolicy, least_cost
-from gpufleet.sched.reservation import Reservation, reserve, respects, starving
 from gpufleet.sched.rl_features import HEURISTIC, WAIT, action_mask, observe
 
 #: The model that ships in the wheel.
@@ -76,9 +75,7 @@ class LearnedPlacement(CandidatePolicy):
     summary = "network-aware placement learned with PPO (gpufleet sched train-rl); heuristic fallback"
     #: ``sample`` > 0: draw actions from the policy with that seed (deterministic for the seed); 0: take the
     #: most likely action, which waits more (upstream's RL also samples by default: its argmax can livelock)
-    #: ``reserve`` > 0: a job that the policy keeps waiting for ``reserve`` times its own length gets an
-    #: EASY-style reservation of the nodes that free up first (:mod:`gpufleet.sched.reservation`); 0: none
-    options: ClassVar[dict[str, float | str]] = {"order": "srtf", "model": "", "sample": 1.0, "reserve": 0.0}
+    options: ClassVar[dict[str, float | str]] = {"order": "srtf", "model": "", "sample": 1.0}
 
     def __init__(self, decider: Decider | None = None, **opts: Any) -> None:
         super().__init__(**opts)
@@ -87,9 +84,7 @@ class LearnedPlacement(CandidatePolicy):
         self.fallbacks = 0
         self.delegated = 0
         self.waits = 0
-        self.reservations = 0
         self._policy: Any = None
-        self._reservation: Reservation | None = None
 
     def bind(self, sim: Any) -> None:
         super().bind(sim)
@@ -113,29 +108,9 @@ class LearnedPlacement(CandidatePolicy):
             return int(probs.argmax())
         return int(self._rng.choice(len(probs), p=probs / probs.sum()))
 
-    def on_start(self, j: int, now: float) -> None:
-        if self._reservation is not None and self._reservation.job == j:
-            self._reservation = None
-
     def choose(self, j: int, p: int, part: Any, cands: list) -> int | None:
         sim = self.sim
         scores = self.scores(j, p, cands)
-        res = self._reservation
-        if res is not None:  # another job holds a reservation: keep off its nodes unless done in time
-            for i, (cand, sc) in enumerate(zip(cands, scores, strict=True)):
-                if cand is not None and not respects(res, sim, j, p, cand, sc[0]):
-                    cands[i] = scores[i] = None
-            if all(c is None for c in cands):
-                return None
-        choice = self._decide(j, p, part, cands, scores)
-        holder = None if self._reservation is None else self._reservation.job
-        if choice is None and holder in (None, j) and starving(sim, j, float(self.opts["reserve"])):
-            self._reservation = reserve(sim, j, p)  # (re)computed each time: expected finishes move
-            self.reservations += holder is None and self._reservation is not None
-        return choice
-
-    def _decide(self, j: int, p: int, part: Any, cands: list, scores: list) -> int | None:
-        sim = self.sim
         obs = observe(sim, j, p, part, cands, scores)
         mask = action_mask(cands, can_wait=sim.n_running > 0)  # type: ignore[union-attr]
         action = self._act(obs, mask)

@@ -179,7 +179,10 @@ def train_rl(cluster: Any, out: str | Path, *, steps: int = 100_000, seed: int =
 def eval_policies(cluster: Any, policies: Sequence[str], *, mix: str = "heavy", seeds: Sequence[int] = range(5),
                   jobs: int = 256, arrival: str = "batch", policy_opts: dict[str, dict[str, Any]] | None = None,
                   gpus_per_node: int = 8) -> pl.DataFrame:
-    """Each policy on the same unseen mixes (seeds below :data:`TRAIN_SEED_BASE`): one row per policy and seed."""
+    """Each policy on the same unseen mixes (seeds below :data:`TRAIN_SEED_BASE`): one row per policy and seed.
+
+    A run that leaves jobs unfinished is an error: its JCT figures would cover only the jobs that finished, and a
+    policy that stalls the cluster would look faster than one that does not."""
     from gpufleet.sim.config import SimConfig
     from gpufleet.sim.run import RunSpec, run_one
     from gpufleet.traces.mixes import generate_mix
@@ -194,6 +197,9 @@ def eval_policies(cluster: Any, policies: Sequence[str], *, mix: str = "heavy", 
             r = run_one(RunSpec(name, frame, cluster, SimConfig(network=True),
                                 dict((policy_opts or {}).get(name, {}))))
             s = r.summary
+            if s["finished"] < s["jobs"]:
+                raise ConfigError(f"policy {name} finished only {s['finished']} of {s['jobs']} jobs on mix seed "
+                                  f"{seed}: it stalled the cluster, so its JCT would cover only the finished jobs")
             rows.append({"policy": name, "seed": int(seed), "avg_jct_s": s["avg_jct_s"], "p99_jct_s": s["p99_jct_s"],
                          "makespan_s": s["makespan_s"], "gpu_util": s["gpu_util"],
                          "contention_gpu_h": s.get("contention_gpu_h", 0.0),
