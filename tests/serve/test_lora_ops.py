@@ -153,6 +153,20 @@ def test_torch_padded_form_for_many_adapters(monkeypatch, dtype, rows, slots, ex
     assert bool(calls) == expect_padded
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_torch_dense_plan_for_a_full_distinct_batch(dtype):
+    """Row i on slot lo + i for every row (a full Distinct batch sorted by slot) takes the no-padding path; any
+    other layout does not, and both match the oracle."""
+    x, y, a, b, scales = make_case(12, 129, 37, 16, 20, dtype, seed=3)
+    dense = torch.arange(12) + 5
+    for idx, expect in ((dense, True), (dense.flip(0), False), (torch.cat([dense[:6], dense[7:], dense[6:7]]), False),
+                        (torch.cat([dense[:11], torch.tensor([-1])]), False)):
+        plan = lora_torch.padded_plan(idx)
+        assert plan is not None and plan.dense == expect
+        out = lora_torch.add_lora_planned(y.clone(), x, a, b, scales, plan)
+        assert_close(out, oracle_add_lora(y, x, a, b, scales, idx), dtype)
+
+
 SEGMENT_CASES = {
     "mixed": ([0, 3, 3, 9, 10, 16], [2, 0, -1, 1, 3]),  # an empty and a -1 segment
     "rows_outside": ([2, 5, 11], [1, 0]),  # rows 0-1 and 11-23 belong to no segment

@@ -207,6 +207,7 @@ class PaddedPlan:
     lo: int
     span: int
     width: int
+    dense: bool = False  # row i uses slot lo + i, every slot once: no padding, no scatter (a full Distinct batch)
 
 
 def padded_plan(idx: torch.Tensor) -> PaddedPlan | None:
@@ -221,13 +222,20 @@ def padded_plan(idx: torch.Tensor) -> PaddedPlan | None:
     counts = torch.bincount(slot)
     starts = torch.cumsum(counts, 0) - counts
     pos = torch.arange(rows.numel(), device=idx.device) - torch.repeat_interleave(starts, counts)
-    return PaddedPlan(rows, slot, pos, lo, counts.numel(), int(counts.max()))
+    dense = rows.numel() == idx.numel() == counts.numel() and bool((idx == lo + torch.arange(
+        idx.numel(), device=idx.device)).all())
+    return PaddedPlan(rows, slot, pos, lo, counts.numel(), int(counts.max()), dense)
 
 
 def add_lora_planned(y: torch.Tensor, x: torch.Tensor, a_stack: torch.Tensor, b_stack: torch.Tensor,
                      scales: torch.Tensor, plan: PaddedPlan) -> torch.Tensor:
     """y[i] += scale · (x[i] @ A[slot]) @ B[slot] through one bmm pair over the slots in use (fp32 inside)."""
     lo, span = plan.lo, plan.span
+    if plan.dense:  # the rows are the slots in order: the batched matmuls read and write them in place
+        v = torch.bmm(_f32(x).unsqueeze(1), _f32(a_stack[lo:lo + span]))
+        v.mul_(_f32(scales[lo:lo + span]).view(-1, 1, 1))
+        delta = torch.bmm(v, _f32(b_stack[lo:lo + span])).squeeze(1)
+        return y.add_(delta) if y.dtype == torch.float32 else y.add_(delta.to(y.dtype))
     xp = torch.zeros(span, plan.width, x.shape[1], dtype=torch.float32, device=x.device)
     xp[plan.slot, plan.pos] = _f32(x[plan.rows])
     v = torch.bmm(xp, _f32(a_stack[lo:lo + span]))
