@@ -32,12 +32,13 @@ def main() -> None:
     ap.add_argument("--rank", type=int, default=16)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--repeat", type=int, default=3, help="runs per system, in turns; the median run is reported")
     ap.add_argument("--json-out", type=Path, help="also write the raw results here")
     args = ap.parse_args()
 
     config = ServeBenchConfig(base=args.base, rank=args.rank, device=args.device, dtype=args.dtype,
                               popularities=tuple(p for p in args.popularity.split(",") if p),
-                              workload=WorkloadConfig(requests=args.requests))
+                              workload=WorkloadConfig(requests=args.requests), repeat=args.repeat)
     t0 = time.perf_counter()
     results = run_serve_bench(config, log=lambda msg: console.log(msg))
     wall = time.perf_counter() - t0
@@ -52,7 +53,8 @@ def main() -> None:
         bar.add_row(row["popularity"], f"{row['per_adapter_speedup']:.2f}×", f"{row['base_only_slowdown']:.2f}×", met)
     console.print(bar)
     console.print(f"{args.base} on {args.device} ({args.dtype}), rank {args.rank}, {args.requests} requests per "
-                  f"popularity, batches of {config.workload.batch}; {wall:.0f} s in all")
+                  f"popularity, batches of {config.workload.batch}, median of {args.repeat} runs per system; "
+                  f"{wall:.0f} s in all")
     if args.json_out:
         args.json_out.write_text(json.dumps(results, indent=1))
 

@@ -98,6 +98,7 @@ def bench(
     device: Annotated[str, typer.Option()] = "cpu",
     lora_backend: Annotated[str, typer.Option()] = "auto",
     seed: Annotated[int, typer.Option()] = 0xABCD,
+    repeat: Annotated[int, typer.Option(min=1, help="runs per system, in turns; the median run is reported")] = 1,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON (one object per popularity)")] = False,
 ) -> None:
     """Punica's workload (lognormal lengths, adapter popularity) served by gpufleet, one adapter at a time, and
@@ -115,7 +116,7 @@ def bench(
     config = ServeBenchConfig(base=base, rank=rank, popularities=pops,
                               systems=tuple(s.strip() for s in systems.split(",") if s.strip()),
                               workload=WorkloadConfig(requests=requests, seed=seed), dtype=dtype, device=device,
-                              lora_backend=lora_backend)
+                              lora_backend=lora_backend, repeat=repeat)
     results = run_serve_bench(config, log=lambda msg: err.print(f"[dim]{msg}[/]"))
     if as_json:
         print(json.dumps(results[0] if len(results) == 1 else results, indent=1))

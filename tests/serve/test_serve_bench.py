@@ -11,6 +11,7 @@ from gpufleet.serve.bench import (
     WorkloadConfig,
     bar_rows,
     make_workload,
+    median_run,
     random_adapters,
     run_system,
 )
@@ -62,3 +63,12 @@ def test_bar_is_judged_on_distinct_only():
     assert rows[0]["per_adapter_speedup"] == pytest.approx(8.0)
     assert rows[3]["base_only_slowdown"] == pytest.approx(1400 / 900)
     assert bar_rows([{"popularity": "distinct", "systems": {"gpufleet": {"tokens_per_s": 1.0}}}]) == []
+
+
+def test_median_run_reports_the_middle_run_and_keeps_every_throughput():
+    runs = [{"tokens_per_s": t, "p50_token_latency_ms": 1000 / t} for t in (900.0, 1200.0, 1000.0)]
+    chosen = median_run(runs)
+    assert chosen["tokens_per_s"] == 1000.0 and chosen["p50_token_latency_ms"] == 1.0
+    assert chosen["tokens_per_s_runs"] == [900.0, 1200.0, 1000.0]
+    assert median_run(runs[:2])["tokens_per_s"] == 900.0
+    assert "tokens_per_s_runs" not in runs[2]
