@@ -247,3 +247,19 @@ def test_waiting_heuristic_never_stalls() -> None:
     res = run_one(RunSpec("contention", jobs, _cluster(), SimConfig(network=True, debug=True), {"wait_below": 0.99}))
     assert res.summary["finished"] == 48
     assert res.summary["multi_node_share"] < 0.05  # it waited for single nodes instead of spreading
+
+
+def test_srsf_order_starts_the_least_remaining_service_first() -> None:
+    """Ordered by GPUs x remaining time, a 2-GPU job of 3 h starts before an 8-GPU job of 1 h (srtf: the other
+    way round) when only one of them fits."""
+    jobs = pl.DataFrame({"job_id": ["blocker", "wide-short", "narrow-long"], "submit_s": [0.0, 1.0, 1.0],
+                         "duration_s": [600.0, 3600.0, 3 * 3600.0], "num_gpus": [24, 8, 2],
+                         "model": ["MobileNetV3"] * 3})
+    starts = {}
+    for order in ("srtf", "srsf"):
+        res = run_one(RunSpec("contention", jobs, _cluster(nodes=4), SimConfig(network=True, debug=True),
+                              {"order": order}))
+        assert res.summary["finished"] == 3
+        starts[order] = dict(zip(res.jobs["job_id"].to_list(), res.jobs["start_s"].to_list(), strict=True))
+    assert starts["srtf"]["wide-short"] < starts["srtf"]["narrow-long"]
+    assert starts["srsf"]["narrow-long"] < starts["srsf"]["wide-short"]

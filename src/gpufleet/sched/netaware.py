@@ -8,7 +8,8 @@
 - ``las-spread`` / ``srtf-spread``: LAS and SRTF with the paper's spread-first placement, kept only to show
   that the published comparison is reproduced (its baselines spread every job over up to 4 nodes).
 
-Jobs are taken in ``order`` (``srtf``: least remaining work; ``las``: least attained service; ``fifo``);
+Jobs are taken in ``order`` (``srtf``: least remaining time; ``srsf``: least remaining service, GPUs x remaining
+time, Tiresias' 2D "shortest remaining service first"; ``las``: least attained service; ``fifo``);
 ``contention``, ``random`` and ``rl`` do not preempt; the spread variants preempt as LAS and SRTF do.
 """
 
@@ -24,7 +25,7 @@ from gpufleet.sched.candidates import candidate_placements, spread_placement
 from gpufleet.sched.las import LeastAttainedService
 from gpufleet.sched.srtf import ShortestRemainingTimeFirst
 
-ORDERS = ("srtf", "las", "fifo")
+ORDERS = ("srtf", "srsf", "las", "fifo")
 
 
 class CandidatePolicy(Policy):
@@ -42,6 +43,8 @@ class CandidatePolicy(Policy):
         sim = self.sim
         if self._order == "srtf":
             return sim.remaining[j]  # type: ignore[union-attr]
+        if self._order == "srsf":
+            return sim.remaining[j] * sim.gpus[j]  # type: ignore[union-attr]
         if self._order == "las":
             return sim.attained[j]  # type: ignore[union-attr]
         return sim.submit[j]  # type: ignore[union-attr]
