@@ -73,9 +73,11 @@ class LearnedPlacement(CandidatePolicy):
 
     name = "rl"
     summary = "network-aware placement learned with PPO (gpufleet sched train-rl); heuristic fallback"
+    #: ``order`` srsf (GPUs x remaining time), chosen on validation mixes: the shipped model was trained with srtf
+    #: order and places better when asked about jobs in srsf order (docs/contention.md).
     #: ``sample`` > 0: draw actions from the policy with that seed (deterministic for the seed); 0: take the
     #: most likely action, which waits more (upstream's RL also samples by default: its argmax can livelock)
-    options: ClassVar[dict[str, float | str]] = {"order": "srtf", "model": "", "sample": 1.0}
+    options: ClassVar[dict[str, float | str]] = {"order": "srsf", "model": "", "sample": 1.0}
 
     def __init__(self, decider: Decider | None = None, **opts: Any) -> None:
         super().__init__(**opts)
