@@ -51,6 +51,8 @@ def train_rl_cmd(
     reward: Annotated[str, typer.Option(help="'jct' (minus job-time in system: true JCT), 'jct-tail' (plus "
                                              "the p99 at the end) or 'paper' (-w1 contention slowdown + w2 "
                                              "utilisation)")] = "jct",
+    order: Annotated[str, typer.Option(help="the order in which the simulator offers waiting jobs: srtf, srsf "
+                                            "(GPUs x remaining time), las or fifo")] = "srtf",
     checkpoint_every: Annotated[int, typer.Option(help="save a checkpoint every this many steps")] = 10_000,
     resume: Annotated[bool, typer.Option(help="continue from the newest checkpoint in <output>.ckpt/")] = True,
     as_json: Annotated[bool, typer.Option("--json", help="print the training summary as JSON")] = False,
@@ -78,7 +80,11 @@ def train_rl_cmd(
         sampler: Any = TraceSampler(frame, jobs)
     else:
         sampler = MixSampler(jobs=jobs, gpus_per_node=gpn)
-    summary = train_rl(specs, output, steps=steps, seed=seed, sampler=sampler, reward=reward,
+    from gpufleet.sched.netaware import ORDERS
+
+    if order not in ORDERS:
+        raise typer.BadParameter(f"--order must be one of {', '.join(ORDERS)}, got '{order}'")
+    summary = train_rl(specs, output, steps=steps, seed=seed, sampler=sampler, reward=reward, order=order,
                        checkpoint_every=checkpoint_every, resume=resume, progress=not as_json and err.is_terminal)
     if as_json:
         print(json.dumps(summary, indent=2))

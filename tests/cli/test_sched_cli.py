@@ -7,6 +7,8 @@ import json
 import pytest
 from cli_helpers import run_main
 
+from gpufleet.sched.base import make_policy
+
 pytest.importorskip("stable_baselines3")
 
 
@@ -79,6 +81,15 @@ def test_train_rl_writes_a_model_and_resumes(monkeypatch, capsys, tmp_path) -> N
     assert json.loads(text)["resumed_from"] == 1024
 
 
+def test_train_rl_takes_the_order_jobs_are_offered_in(monkeypatch, capsys, tmp_path) -> None:
+    out = tmp_path / "o.zip"
+    code, text, _ = run_main(monkeypatch, capsys, "sched", "train-rl", "-o", str(out), "--steps", "1024",
+                             "--jobs", "16", "--order", "srsf", "--json")
+    assert code == 0 and json.loads(text)["order"] == "srsf"
+    code, _, err = run_main(monkeypatch, capsys, "sched", "train-rl", "-o", str(out), "--order", "biggest")
+    assert code == 2 and "srsf" in err
+
+
 def test_eval_rl_compares_on_unseen_seeds(monkeypatch, capsys, tiny_model) -> None:
     code, text, _ = run_main(monkeypatch, capsys, "sched", "eval-rl", str(tiny_model), "--seeds", "2", "--jobs",
                              "32", "--policies", "las,srtf,contention,rl", "--json")
@@ -101,6 +112,7 @@ def test_shipped_model_runs_by_default(monkeypatch, capsys, heavy_mix) -> None:
     assert default_model_path().is_file(), "the wheel ships a trained rl model"
     meta = json.loads(default_model_path().with_suffix(".json").read_text())
     assert meta["steps"] >= 50_000 and "train-rl" in meta["command"]
+    assert meta["order"] == make_policy("rl").opts["order"]  # used in the order it was trained and selected in
     code, out, _ = run_main(monkeypatch, capsys, "simulate", "--trace", str(heavy_mix), "--cluster",
                             "deepshare-testbed", "--network", "--policy", "random,rl", "--json")
     assert code == 0

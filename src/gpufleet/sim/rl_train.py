@@ -78,7 +78,8 @@ def _checkpoints(folder: Path) -> list[tuple[int, Path]]:
 
 def train_rl(cluster: Any, out: str | Path, *, steps: int = 100_000, seed: int = 0,
              sampler: Callable[[np.random.Generator], pl.DataFrame] | None = None, reward: str = "jct",
-             checkpoint_every: int = 10_000, resume: bool = True, progress: bool = True) -> dict[str, Any]:
+             order: str = "srtf", checkpoint_every: int = 10_000, resume: bool = True,
+             progress: bool = True) -> dict[str, Any]:
     """Train PPO on ``cluster`` (one spec or a list, one drawn per episode) for ``steps`` decisions and save the
     model to ``out`` (a .zip).
 
@@ -104,7 +105,7 @@ def train_rl(cluster: Any, out: str | Path, *, steps: int = 100_000, seed: int =
         out = out.with_suffix(".zip")
     ckpt_dir = out.with_name(out.stem + ".ckpt")
     ckpt_dir.mkdir(parents=True, exist_ok=True)
-    env = make_env(cluster, sampler or MixSampler(), reward=reward, seed=seed)
+    env = make_env(cluster, sampler or MixSampler(), reward=reward, seed=seed, order=order)
     done_steps = 0
     found = _checkpoints(ckpt_dir) if resume else []
     if found:
@@ -172,7 +173,7 @@ def train_rl(cluster: Any, out: str | Path, *, steps: int = 100_000, seed: int =
     model.save(str(out))
     recent = returns[-20:]
     return {"model": str(out), "steps": int(model.num_timesteps), "resumed_from": done_steps,
-            "episodes": len(returns), "train_s": wall, "seed": seed, "reward": reward,
+            "episodes": len(returns), "train_s": wall, "seed": seed, "reward": reward, "order": order,
             "mean_return_last20": float(np.mean(recent)) if recent else math.nan}
 
 
