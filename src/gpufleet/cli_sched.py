@@ -58,9 +58,13 @@ def train_rl_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="print the training summary as JSON")] = False,
 ) -> None:
     """Train the `rl` placement policy with PPO; progress bar, checkpoints, resumable, deterministic per seed."""
+    from gpufleet.sched.netaware import ORDERS
     from gpufleet.sim.rl_train import MixSampler, TraceSampler, train_rl
     from gpufleet.sim.workload import partitions_for
     from gpufleet.spec import load_cluster
+
+    if order not in ORDERS:  # before any trace or cluster is read
+        raise typer.BadParameter(f"--order must be one of {', '.join(ORDERS)}, got '{order}'")
 
     spec = load_cluster(cluster)
     parts = partitions_for(spec)  # a SpecError if the cluster has no training pool
@@ -80,10 +84,6 @@ def train_rl_cmd(
         sampler: Any = TraceSampler(frame, jobs)
     else:
         sampler = MixSampler(jobs=jobs, gpus_per_node=gpn)
-    from gpufleet.sched.netaware import ORDERS
-
-    if order not in ORDERS:
-        raise typer.BadParameter(f"--order must be one of {', '.join(ORDERS)}, got '{order}'")
     summary = train_rl(specs, output, steps=steps, seed=seed, sampler=sampler, reward=reward, order=order,
                        checkpoint_every=checkpoint_every, resume=resume, progress=not as_json and err.is_terminal)
     if as_json:

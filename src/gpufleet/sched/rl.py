@@ -73,8 +73,8 @@ class LearnedPlacement(CandidatePolicy):
 
     name = "rl"
     summary = "network-aware placement learned with PPO (gpufleet sched train-rl); heuristic fallback"
-    #: ``order`` srsf (GPUs x remaining time), chosen on validation mixes: the shipped model was trained with srtf
-    #: order and places better when asked about jobs in srsf order (docs/contention.md).
+    #: ``order`` srsf (GPUs x remaining time): the order the shipped model was trained and selected in
+    #: (docs/contention.md); a model trained in another order should be run with that order.
     #: ``sample`` > 0: draw actions from the policy with that seed (deterministic for the seed); 0: take the
     #: most likely action, which waits more (upstream's RL also samples by default: its argmax can livelock)
     options: ClassVar[dict[str, float | str]] = {"order": "srsf", "model": "", "sample": 1.0}

@@ -12,8 +12,8 @@ Systems, on the same engine code and the same requests:
 Why several batches: every request is submitted at once and served by continuous batching, so finished requests
 are replaced from the queue and the batch stays full. With a single batch, the batch drains as short requests
 finish and the run ends with the one longest request decoding alone; the figure then measures the length
-distribution's tail rather than the serving system (one batch gives 4.2x per-adapter on the 2-core CPU, eight
-give 8.1x, with the same per-step costs).
+distribution's tail rather than the serving system (under Distinct on the 2-core CPU, one batch gave 4.2x
+per-adapter, eight gave 7.1-8.3x with the same engine).
 """
 
 from __future__ import annotations

@@ -235,7 +235,7 @@ def add_lora_planned(y: torch.Tensor, x: torch.Tensor, a_stack: torch.Tensor, b_
         v = torch.bmm(_f32(x).unsqueeze(1), _f32(a_stack[lo:lo + span]))
         v.mul_(_f32(scales[lo:lo + span]).view(-1, 1, 1))
         delta = torch.bmm(v, _f32(b_stack[lo:lo + span])).squeeze(1)
-        return y.add_(delta) if y.dtype == torch.float32 else y.add_(delta.to(y.dtype))
+        return y.add_(delta.to(y.dtype))  # no copy when y is fp32
     xp = torch.zeros(span, plan.width, x.shape[1], dtype=torch.float32, device=x.device)
     xp[plan.slot, plan.pos] = _f32(x[plan.rows])
     v = torch.bmm(xp, _f32(a_stack[lo:lo + span]))
