@@ -214,6 +214,8 @@ class Simulator:
 
     def _push_running(self, j: int) -> None:
         self._hver[j] += 1
+        if self.protect_until[j] > self.now:
+            return  # not a possible victim yet: its _UNPROTECT event pushes it (keeps victim searches short)
         self._seq += 1
         heapq.heappush(
             self._running_heap[self.part_of[j]],
@@ -267,9 +269,10 @@ class Simulator:
             need = (math.floor(done / ci) * ci + ci - done) if ci > 0 else over
             until = min(fin, now + over + need / speed)
             self.protect_until[j] = until
-            if until < fin:
+            if until > now:
                 self._seq += 1
-                # versioned by the start token: a speed change (new completion version) must not drop it
+                # versioned by the start token: a speed change (new completion version) must not drop it;
+                # armed even at the completion time, since a slowdown can move the completion later
                 heapq.heappush(self._events, (until, _UNPROTECT, self._seq, j, self.token[j] + 1))
         self._running[p][j] = None
         if self.policy.preemptive and not self.policy.scan_running:
@@ -640,8 +643,10 @@ class Simulator:
                         pol.on_timer(j, x[1], t)
                         changed = True
                 elif kind == _UNPROTECT:
-                    if x == token[j]:
+                    if x == token[j] and state[j] == RUNNING:
                         self._churn += self.gpus[j]  # the job became a possible victim
+                        if pol.preemptive and not pol.scan_running:
+                            self._push_running(j)
                         changed = True
                 elif seq == self._wakeup_seq:
                     self._wakeup_at = _INF
@@ -701,6 +706,12 @@ class Simulator:
                 assert sum(c for _, c in self.alloc[j]) == self.gpus[j]  # type: ignore[union-attr]
             assert part.total - part.total_free - self._down[p] == sum(self.gpus[j] for j in self._running[p])
         assert held == self.busy <= self.total_gpus, "more GPUs allocated than exist"
+        if self.policy.preemptive and not self.policy.scan_running:
+            # every running job past its protection is a possible victim: it has a current heap entry
+            for p, heap in enumerate(self._running_heap):
+                live = {e[2] for e in heap if e[3] == self._hver[e[2]]}
+                for j in self._running[p]:
+                    assert self.protect_until[j] > now or j in live, f"running job {j} missing from victim heap"
         assert running == self.n_running
         for j in range(self.n):
             s = self.state[j]
