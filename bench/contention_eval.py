@@ -141,7 +141,7 @@ def philly(policies: list[str]) -> None:
                 "contention GPU-h", "under 60 s"):
         table.add_column(col, justify="right")
     for name in policies:
-        off = run_one(RunSpec(name, jobs, spec, SimConfig())) if name not in ("contention", "random") else None
+        off = run_one(RunSpec(name, jobs, spec, SimConfig())) if name not in ("contention", "random", "rl") else None
         on = run_one(RunSpec(name, jobs, spec, SimConfig(network=True)))
         w_off = off.summary["wall_s"] if off else float("nan")
         w_on = on.summary["wall_s"]
@@ -159,7 +159,7 @@ def main() -> None:
                     / "contention")
     ap.add_argument("--skip-philly", action="store_true")
     ap.add_argument("--skip-64", action="store_true")
-    ap.add_argument("--philly-policies", default="fifo,srtf,las,tiresias,contention")
+    ap.add_argument("--philly-policies", default="fifo,srtf,las,tiresias,contention,rl")
     ap.add_argument("--json", type=Path, help="also write the policy means here")
     args = ap.parse_args()
     calibration(args.data)

@@ -263,3 +263,37 @@ def test_srsf_order_starts_the_least_remaining_service_first() -> None:
         starts[order] = dict(zip(res.jobs["job_id"].to_list(), res.jobs["start_s"].to_list(), strict=True))
     assert starts["srtf"]["wide-short"] < starts["srtf"]["narrow-long"]
     assert starts["srsf"]["narrow-long"] < starts["srsf"]["wide-short"]
+
+
+@pytest.mark.parametrize("oversub", [1.0, 3.0])
+def test_predict_matches_attach_over_random_states(oversub: float) -> None:
+    """predict's own speed and the harm it reports equal what attaching then does, including when uplinks stay
+    under capacity (the case predict skips) and when they go over it."""
+    rng = np.random.default_rng(7)
+    cluster = _cluster(nodes=8, per_rack=2, oversub=oversub)
+    net = _state(cluster, 40, rng)
+    running: set[int] = set()
+    checked = 0
+    for _ in range(200):
+        free = [j for j in range(40) if j not in running]
+        j = int(rng.choice(free))
+        nodes = rng.choice(8, size=int(rng.integers(2, 5)), replace=False)
+        alloc = [(int(n), 1) for n in nodes]
+        before = {k: net.ratio(k) for k in running}
+        speed, own, harm = net.predict(j, 0, alloc)
+        net.attach(j, 0, alloc)
+        assert net.rate(j) == pytest.approx(speed, rel=1e-9)
+        assert net.ratio(j) == pytest.approx(own, rel=1e-9)
+        after = {k: net.ratio(k) for k in running}
+        expected = sum(net.gpus[k] * net.base_speed[k] * (before[k] - after[k]) for k in running)
+        assert harm == pytest.approx(expected, rel=1e-9, abs=1e-12)
+        checked += harm > 0
+        if len(running) < 15 or rng.random() < 0.5:
+            running.add(j)
+        else:
+            net.detach(j)
+        if len(running) > 12 and rng.random() < 0.4:
+            k = int(rng.choice(sorted(running)))
+            running.discard(k)
+            net.detach(k)
+    assert checked > 20  # the random states did make jobs slow each other

@@ -163,3 +163,37 @@ def test_evaluation_refuses_a_run_that_stalls_the_cluster(monkeypatch) -> None:
     assert len(eval_policies(_cluster(), ["srtf"], mix="heavy", seeds=[0], jobs=16)) == 1
     with pytest.raises(ConfigError, match="stalled the cluster"):
         eval_policies(_cluster(), [HoldsBigJobs.name], mix="heavy", seeds=[0], jobs=16)
+
+
+def test_numpy_actor_gives_the_torch_policy_probabilities() -> None:
+    """The shipped policy's NumPy fast path returns torch's action probabilities for any observation."""
+    import torch
+
+    from gpufleet.sched.rl import load_model, numpy_actor
+
+    policy = load_model(None).policy
+    fast = numpy_actor(policy)
+    assert fast is not None
+    rng = np.random.default_rng(0)
+    for scale in (0.1, 1.0, 10.0):
+        obs = (rng.standard_normal((20, OBS_SIZE)) * scale).astype(np.float32)
+        with torch.no_grad():
+            want = policy.get_distribution(torch.as_tensor(obs)).distribution.probs.numpy()
+        got = np.stack([fast(o) for o in obs])
+        assert got.shape == (20, N_ACTIONS)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+
+
+def test_numpy_actor_declines_a_network_it_cannot_copy() -> None:
+    """A policy whose actor has a layer the fast path does not know keeps the torch path."""
+    from torch import nn
+
+    from gpufleet.sched.rl import load_model, numpy_actor
+
+    policy = load_model(None).policy
+    original = policy.mlp_extractor.policy_net
+    try:
+        policy.mlp_extractor.policy_net = nn.Sequential(*original, nn.LayerNorm(64))
+        assert numpy_actor(policy) is None
+    finally:
+        policy.mlp_extractor.policy_net = original

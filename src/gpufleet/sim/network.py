@@ -246,6 +246,8 @@ class NetworkState:
         mine = set(links)
         seen: set[int] = set()
         for link in links:
+            if up[link] and load[link] + inten <= cap[link]:
+                continue  # an uplink still under capacity slows nobody: only jobs met on other links can lose
             for k in on[link]:
                 if k in seen:
                     continue
