@@ -190,6 +190,26 @@ def test_torch_sgmv_matches_oracle(dtype, case):
     assert_close(out, oracle_add_lora(y, x, a, b, scales, idx), dtype)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("case", list(SEGMENT_CASES))
+def test_torch_segment_plan_reused_across_projections_matches_oracle(dtype, case):
+    """The per-step segment plan (host lists made once) gives the oracle's result on every projection it serves,
+    including many tiny segments (regrouped by slot) and rows outside every segment."""
+    indptr, lora = (torch.tensor(t, dtype=torch.long) for t in SEGMENT_CASES[case])
+    _, _, _, _, scales = make_case(24, 129, 37, 24, 4, dtype, seed=1)
+    plan = lora_torch.segment_plan(indptr, lora, 24, scales)
+    idx = rows_of_segments(indptr, lora, 24)
+    for h_in, h_out, seed in ((129, 37, 2), (37, 129, 3)):  # two projections of different shapes, one plan
+        x, y, a, b, _ = make_case(24, h_in, h_out, 24, 4, dtype, seed=seed)
+        out = lora_torch.add_lora_segments_planned(y.clone(), x, a, b, plan)
+        assert_close(out, oracle_add_lora(y, x, a, b, scales, idx), dtype)
+
+
+def test_torch_segment_plan_refuses_bad_segments():
+    with pytest.raises(ServeError, match="non-decreasing"):
+        lora_torch.segment_plan(torch.tensor([0, 5, 3]), torch.tensor([0, 1]), 8, torch.ones(2))
+
+
 @pytest.mark.parametrize("form", ["idx", "segments"])
 def test_torch_padding_to_the_stack_rank_changes_nothing(form):
     ranks = [4, 8, 16, 11]

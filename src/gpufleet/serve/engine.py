@@ -228,14 +228,17 @@ class Engine:
         row = torch.tensor(row_slots, dtype=torch.long, device=dev)
         prefill_rows = len(tokens) - len(decodes)
         seg_indptr, seg_lora = self.ops.segments_from_indices(row[:prefill_rows])
-        plan = None
-        if decodes and self.device.type == "cpu":  # the torch backend: plan the decode rows' layout once
-            from gpufleet.serve.ops.lora_torch import padded_plan
+        plan = prefill_plan = None
+        if self.device.type == "cpu":  # the torch backend: plan the rows' layout once for every projection
+            from gpufleet.serve.ops.lora_torch import padded_plan, segment_plan
 
-            plan = padded_plan(row[prefill_rows:])
+            if decodes:
+                plan = padded_plan(row[prefill_rows:])
+            if prefill_rows:
+                prefill_plan = segment_plan(seg_indptr, seg_lora, prefill_rows, self.adapters.scales)
         lora = LoRABatch(stacks=self.adapters.stacks, scales=self.adapters.scales, row_slots=row,
                          seg_indptr=seg_indptr, seg_lora=seg_lora, ops=self.ops,
-                         any_adapter=bool((row >= 0).any()), decode_plan=plan)
+                         any_adapter=bool((row >= 0).any()), decode_plan=plan, prefill_plan=prefill_plan)
         return batch, lora
 
     def _advance(self, request: Request, token: int) -> GenerationChunk:

@@ -39,6 +39,7 @@ class LoRABatch:
     ops: object
     any_adapter: bool
     decode_plan: object = None  # a per-step padded layout of the decode rows (torch backend on CPU), or None
+    prefill_plan: object = None  # the prompt rows' segments as host lists (torch backend on CPU), or None
 
 
 @dataclass
@@ -187,7 +188,11 @@ class LlamaLoRAForCausalLM(nn.Module):
         if stacks is None:
             return y
         a, b = stacks
-        if prefill_rows:  # prompt rows: segments (one adapter per run of rows)
+        if prefill_rows and lora.prefill_plan is not None:  # prompt rows, segments planned once per step
+            from gpufleet.serve.ops.lora_torch import add_lora_segments_planned
+
+            add_lora_segments_planned(y[:prefill_rows], x[:prefill_rows], a, b, lora.prefill_plan)
+        elif prefill_rows:  # prompt rows: segments (one adapter per run of rows)
             lora.ops.add_lora(y[:prefill_rows], x[:prefill_rows], a, b, lora.scales,
                               seg_indptr=lora.seg_indptr, seg_lora=lora.seg_lora)
         if prefill_rows < x.shape[0] and lora.decode_plan is not None:  # decode rows, layout planned once per step

@@ -166,15 +166,38 @@ def _shrink(x: torch.Tensor, a_stack: torch.Tensor, plan: _Plan) -> torch.Tensor
     return out
 
 
-def _expand(y: torch.Tensor, v: torch.Tensor, b_stack: torch.Tensor, plan: _Plan, scales: torch.Tensor) -> torch.Tensor:
+def _expand(y: torch.Tensor, v: torch.Tensor, b_stack: torch.Tensor, plan: _Plan,
+            scales: torch.Tensor | list[float]) -> torch.Tensor:
+    if isinstance(scales, torch.Tensor):
+        scales = scales.tolist()
     if plan.order is None:
-        return _expand_segments(y, v, b_stack, plan.indptr, plan.lora, scales.tolist())
+        return _expand_segments(y, v, b_stack, plan.indptr, plan.lora, scales)
     delta = torch.zeros(y.shape[0], y.shape[1], dtype=torch.float32, device=y.device)
-    _expand_segments(delta, v[plan.order], b_stack, plan.indptr, plan.lora, scales.tolist())
+    _expand_segments(delta, v[plan.order], b_stack, plan.indptr, plan.lora, scales)
     if y.dtype == torch.float32:
         return y.index_add_(0, plan.order, delta)
     y[plan.order] += delta  # fp32 sum, one rounding to y's dtype
     return y
+
+
+@dataclass(frozen=True)
+class SegmentPlan:
+    """The prompt rows' segments and the slots' scales as host lists, worked out once per engine step: every
+    projection of every layer reuses them instead of reading the same small tensors back 7 x layers times."""
+
+    plan: _Plan
+    scales: list[float]
+
+
+def segment_plan(seg_indptr: torch.Tensor, seg_lora: torch.Tensor, rows: int, scales: torch.Tensor) -> SegmentPlan:
+    """The per-step plan of ``rows`` prompt rows in segments (checked as :func:`sgmv_shrink` checks them)."""
+    return SegmentPlan(_plan_segments(seg_indptr, seg_lora, rows, seg_indptr.device), scales.tolist())
+
+
+def add_lora_segments_planned(y: torch.Tensor, x: torch.Tensor, a_stack: torch.Tensor, b_stack: torch.Tensor,
+                              plan: SegmentPlan) -> torch.Tensor:
+    """``add_lora`` over segments with the step's plan: y[s:e] += scale · (x[s:e] @ A[l]) @ B[l]."""
+    return _expand(y, _shrink(x, a_stack, plan.plan), b_stack, plan.plan, plan.scales)
 
 
 # ---------------------------------------------------------------------------------------------------- padded
