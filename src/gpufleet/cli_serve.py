@@ -91,7 +91,7 @@ def bench(
     popularity: Annotated[str, typer.Option(help="distinct, uniform, skewed, identical, or a comma list")] = "distinct",
     requests: Annotated[int, typer.Option(
         help="requests, all submitted at once and served with at most 32 in a batch; several batches' worth keep "
-             "the batch full, one batch measures mostly its longest request")] = 256,
+             "the batch full, one batch measures mostly its longest request")] = 512,
     rank: Annotated[int, typer.Option(help="LoRA rank of the random adapters")] = 16,
     systems: Annotated[str, typer.Option(help="gpufleet, per_adapter, base_only")] = "gpufleet,per_adapter,base_only",
     dtype: Annotated[str, typer.Option()] = "float32",
