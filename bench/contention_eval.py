@@ -167,6 +167,8 @@ def main() -> None:
     ap.add_argument("--philly-policies", default="fifo,srtf,las,tiresias,contention,rl")
     ap.add_argument("--json", type=Path, help="also write the policy means here")
     args = ap.parse_args()
+    if args.philly_repeat < 1:
+        ap.error("--philly-repeat must be at least 1")
     calibration(args.data)
     frames = [compare("deepshare-testbed", "heavy", args.seeds, args.model, 256)]
     if not args.skip_64:

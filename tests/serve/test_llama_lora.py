@@ -192,3 +192,29 @@ def test_adapter_errors(tmp_path, hf_folder):
     assert load_model(tmp_path / "tiny").config.hidden_size == 64
     with pytest.raises(ServeError, match="neither a model folder"):
         load_model(tmp_path / "missing")
+
+
+def test_an_explicit_kernel_backend_gets_every_row_on_cpu(hf_folder, adapters):
+    """The per-step CPU plans belong to the torch kernels: with another backend chosen (Triton under its CPU
+    interpreter), the prompt and decode rows both go through that backend's add_lora, and outputs are unchanged."""
+    import dataclasses
+
+    from gpufleet.serve.ops import get_lora_ops
+
+    folder, _ = hf_folder
+    root, _ = adapters
+    model = load_model(folder)
+    jobs = {"a": ([5, 6, 7, 8, 9], "all-r8"), "b": ([11, 12, 13], "qv-r16")}
+    reference = _run(Engine(model, AdapterStore(model.config, root), EngineConfig(kv_blocks=64, adapter_slots=4)),
+                     jobs, 4)
+    torch_ops = get_lora_ops("torch")
+    forms: list[str] = []
+
+    def counting(y, x, a, b, scales, **kw):
+        forms.append("rows" if kw.get("idx") is not None else "segments")
+        return torch_ops.add_lora(y, x, a, b, scales, **kw)
+
+    engine = Engine(model, AdapterStore(model.config, root), EngineConfig(kv_blocks=64, adapter_slots=4))
+    engine.ops = dataclasses.replace(torch_ops, name="triton", add_lora=counting)
+    assert _run(engine, jobs, 4) == reference
+    assert "segments" in forms and "rows" in forms

@@ -78,3 +78,16 @@ def test_jobs_larger_than_the_cluster_are_reported_not_run():
     assert r.summary["unschedulable"] == 1
     assert r.summary["finished"] == 1
     assert r.meta["unschedulable"] == {"needs more GPUs than its pool has": 1}
+
+
+@pytest.mark.parametrize("policy", ["srtf", "tiresias"])
+def test_a_job_first_started_before_time_zero_can_still_be_preempted(policy):
+    """Only a restarted job is protected from preemption; a first start at a negative time is a victim like any
+    other (it once stayed off the victim heap for good, since 'protected until 0' was the default)."""
+    rows = [(-100.0, 1000.0, 2), (10.0, 5.0, 2)]
+    opts = {"thresholds": "30,300"} if policy == "tiresias" else {}
+    sim = Simulator(Workload.from_frame(jobs_frame(rows)), [Partition("p", "v100", 1, 2)],
+                    make_policy(policy, **opts), SimConfig(checkpoint_interval_s=0.0, restart_s=0.0, debug=True))
+    finish = sim.run().jobs["finish_s"].to_list()
+    assert finish[1] == pytest.approx(15.0)  # the short job preempted the long one on arrival
+    assert finish[0] == pytest.approx(905.0)

@@ -68,14 +68,18 @@ def load_model(path: str | Path | None) -> Any:
 
 
 def numpy_actor(policy: Any) -> Callable[[np.ndarray], np.ndarray] | None:
-    """The policy's action probabilities as plain NumPy (float32, as torch computes them), or None when the
-    network is not a flatten + Linear/Tanh/ReLU stack. One decision then costs microseconds instead of the
+    """The policy's action probabilities for one observation as plain NumPy (the layers in float32 as torch runs
+    them, the softmax in float64), or None when the observation is not a flat Box or the network is not a
+    Linear/Tanh/ReLU stack. One decision then costs microseconds instead of the
     ~60 us of torch modules and two Categorical distributions, which dominated a Philly run with ``rl``."""
+    from gymnasium import spaces
     from stable_baselines3.common.torch_layers import FlattenExtractor
     from torch import nn
 
-    if not isinstance(policy.features_extractor, FlattenExtractor) or len(policy.observation_space.shape) != 1:
-        return None
+    space = policy.observation_space
+    if not isinstance(policy.features_extractor, FlattenExtractor) or not isinstance(space, spaces.Box) \
+            or len(space.shape) != 1:
+        return None  # SB3 would preprocess such observations (one-hot, images): keep its own path
     layers: list[tuple[str, Any, Any]] = []
     for module in [*policy.mlp_extractor.policy_net, policy.action_net]:
         if isinstance(module, nn.Linear):

@@ -229,7 +229,7 @@ class Engine:
         prefill_rows = len(tokens) - len(decodes)
         seg_indptr, seg_lora = self.ops.segments_from_indices(row[:prefill_rows])
         plan = prefill_plan = None
-        if self.device.type == "cpu":  # the torch backend: plan the rows' layout once for every projection
+        if self.device.type == "cpu" and self.ops.name != "triton":  # torch kernels: plan the rows once per step
             from gpufleet.serve.ops.lora_torch import padded_plan, segment_plan
 
             if decodes:

@@ -68,7 +68,7 @@ class Simulator:
         self._event_at = [_INF] * n  # time of each running job's pending completion event
         # a resumed job cannot be preempted again before it has restored and passed its next checkpoint:
         # without this, a preemptive policy with restore costs or lossy checkpoints can livelock
-        self.protect_until = [0.0] * n
+        self.protect_until = [-math.inf] * n  # a first start is never protected, at any time (even < 0)
         self.first_start = [math.nan] * n
         self.finish = [math.nan] * n
         self.preemptions = [0] * n
