@@ -137,8 +137,7 @@ class LearnedPlacement(CandidatePolicy):
         self._rng = np.random.default_rng(seed) if seed > 0 else None
         if self.decider is None and self._policy is None:
             self._policy = load_model(str(self.opts["model"]) or None).policy
-        if self._policy is not None:
-            self._fast = numpy_actor(self._policy)
+            self._fast = numpy_actor(self._policy)  # copied once, not at every run the policy is bound to
 
     def _act(self, obs: np.ndarray, mask: np.ndarray) -> int:
         if self.decider is not None:

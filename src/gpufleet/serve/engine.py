@@ -19,6 +19,7 @@ from gpufleet.errors import ServeError
 from gpufleet.serve.adapters import AdapterCache, AdapterStore
 from gpufleet.serve.kv_cache import KVCache
 from gpufleet.serve.model import LlamaLoRAForCausalLM, LoRABatch, StepBatch, decode_groups
+from gpufleet.serve.ops.lora_torch import padded_plan, segment_plan
 from gpufleet.serve.protocol import GenerationChunk, OverloadedError, SamplingParams, UnknownAdapterError
 from gpufleet.serve.sampling import sample_next
 from gpufleet.serve.tokenizer import ByteTokenizer, Tokenizer
@@ -230,8 +231,6 @@ class Engine:
         seg_indptr, seg_lora = self.ops.segments_from_indices(row[:prefill_rows])
         plan = prefill_plan = None
         if self.device.type == "cpu" and self.ops.name != "triton":  # torch kernels: plan the rows once per step
-            from gpufleet.serve.ops.lora_torch import padded_plan, segment_plan
-
             if decodes:
                 plan = padded_plan(row[prefill_rows:])
             if prefill_rows:

@@ -18,6 +18,7 @@ from torch import nn
 
 from gpufleet.serve.config import LlamaConfig
 from gpufleet.serve.kv_cache import KVCache
+from gpufleet.serve.ops.lora_torch import add_lora_planned, add_lora_segments_planned
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -189,15 +190,11 @@ class LlamaLoRAForCausalLM(nn.Module):
             return y
         a, b = stacks
         if prefill_rows and lora.prefill_plan is not None:  # prompt rows, segments planned once per step
-            from gpufleet.serve.ops.lora_torch import add_lora_segments_planned
-
             add_lora_segments_planned(y[:prefill_rows], x[:prefill_rows], a, b, lora.prefill_plan)
         elif prefill_rows:  # prompt rows: segments (one adapter per run of rows)
             lora.ops.add_lora(y[:prefill_rows], x[:prefill_rows], a, b, lora.scales,
                               seg_indptr=lora.seg_indptr, seg_lora=lora.seg_lora)
         if prefill_rows < x.shape[0] and lora.decode_plan is not None:  # decode rows, layout planned once per step
-            from gpufleet.serve.ops.lora_torch import add_lora_planned
-
             add_lora_planned(y[prefill_rows:], x[prefill_rows:], a, b, lora.scales, lora.decode_plan)
         elif prefill_rows < x.shape[0]:  # decode rows: one adapter index per row
             lora.ops.add_lora(y[prefill_rows:], x[prefill_rows:], a, b, lora.scales,

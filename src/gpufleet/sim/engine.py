@@ -86,7 +86,9 @@ class Simulator:
         # GPUs started, stopped or re-ranked so far: bounds how much room preemption can have gained since a
         # failed attempt, so an attempt that cannot succeed yet is skipped without walking the running heap
         self._churn = 0
-        self._shelved: list[tuple] = []
+        # heap-ranked preemptive policies keep each partition's possible victims on a heap (scan policies rank
+        # them afresh, non-preemptive ones need none)
+        self._heap_victims = policy.preemptive and not policy.scan_running
         self._scan_cache: tuple | None = None  # the last victim ranking of a scan policy, by (partition, time, churn)
         self._pfail: dict[int, tuple[int, int, int]] = {}
         # partitions a job may use, by its GPU type
@@ -275,7 +277,7 @@ class Simulator:
                 # armed even at the completion time, since a slowdown can move the completion later
                 heapq.heappush(self._events, (until, _UNPROTECT, self._seq, j, self.token[j] + 1))
         self._running[p][j] = None
-        if self.policy.preemptive and not self.policy.scan_running:
+        if self._heap_victims:
             self._push_running(j)
         self.busy += g
         self._churn += g
@@ -344,7 +346,7 @@ class Simulator:
             self._seq += 1
             self._event_at[k] = fin
             heapq.heappush(self._events, (fin, _COMPLETE, self._seq, k, self._ver[k]))
-        if self.policy.preemptive and not self.policy.scan_running:
+        if self._heap_victims:
             self._push_running(k)
 
     def _preempt(self, j: int, now: float) -> None:
@@ -454,10 +456,7 @@ class Simulator:
             if not pol.should_preempt(key, wkey):
                 return
             heapq.heappop(h)
-            if self.protect_until[j] > now:
-                self._shelved.append(entry)  # not preemptible yet; back on the heap after this attempt
-                continue
-            yield j, entry
+            yield j, entry  # never a protected job: those join the heap at their _UNPROTECT event
 
     def _victims_scan(self, p: int, wkey: float, now: float):
         """Running jobs of partition ``p`` worse than ``wkey``, worst first, ranked by a vectorised scan."""
@@ -480,11 +479,6 @@ class Simulator:
             if protect[running[i]] > now:
                 continue
             yield running[i], None
-
-    def _unshelve(self, p: int) -> None:
-        for entry in self._shelved:
-            heapq.heappush(self._running_heap[p], entry)
-        self._shelved.clear()
 
     def _preempt_for(self, j: int) -> bool:
         """Preempt worse running jobs so that ``j`` fits; False (and nothing changed) when it cannot."""
@@ -514,9 +508,7 @@ class Simulator:
                 if not scan:
                     for _, entry in chosen:
                         heapq.heappush(self._running_heap[p], entry)
-                self._unshelve(p)
                 continue
-            self._unshelve(p)
             for v, _ in chosen:
                 self._preempt(v, now)
             alloc = self.policy.place(j, p, part)
@@ -526,7 +518,6 @@ class Simulator:
                     break
                 self._preempt(extra[0], now)
                 alloc = self.policy.place(j, p, part)
-            self._unshelve(p)
             if alloc is not None:
                 self._start(j, p, alloc, now)
                 return True
@@ -645,7 +636,7 @@ class Simulator:
                 elif kind == _UNPROTECT:
                     if x == token[j] and state[j] == RUNNING:
                         self._churn += self.gpus[j]  # the job became a possible victim
-                        if pol.preemptive and not pol.scan_running:
+                        if self._heap_victims:
                             self._push_running(j)
                         changed = True
                 elif seq == self._wakeup_seq:
@@ -706,7 +697,7 @@ class Simulator:
                 assert sum(c for _, c in self.alloc[j]) == self.gpus[j]  # type: ignore[union-attr]
             assert part.total - part.total_free - self._down[p] == sum(self.gpus[j] for j in self._running[p])
         assert held == self.busy <= self.total_gpus, "more GPUs allocated than exist"
-        if self.policy.preemptive and not self.policy.scan_running:
+        if self._heap_victims:
             # every running job past its protection is a possible victim: it has a current heap entry
             for p, heap in enumerate(self._running_heap):
                 live = {e[2] for e in heap if e[3] == self._hver[e[2]]}
