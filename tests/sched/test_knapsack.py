@@ -96,6 +96,18 @@ def test_greedy_is_optimal_on_diminishing_returns_with_equal_worker_size(margina
     assert value == pytest.approx(best, abs=1e-9)
 
 
+def test_greedy_keeps_collinear_steps_that_float_sums_put_one_ulp_low():
+    # found by hypothesis in CI: cumsum gives 1.781, 2.781, 3.7809999999999997, so the middle item tested a hair
+    # below the hull; dropping it made one 2-worker step the greedy could not fit in the last unit
+    values = [np.array([0.0, 1.0]), np.concatenate(([0.0], np.cumsum([1.781, 1.0, 1.0])))]
+    weights = [np.arange(2), np.arange(4)]
+    best, _ = solve_mckp(values, weights, 3)
+    value, choice = greedy_mckp(values, weights, 3)
+    check_choice(values, weights, 3, value, choice)
+    assert best == pytest.approx(3.781)
+    assert value == pytest.approx(best, abs=1e-9)
+
+
 def test_ties_prefer_smaller_items_for_earlier_classes():
     # two classes, capacity for one extra item worth 1 in either: the first class keeps item 0
     values = [np.array([0.0, 1.0]), np.array([0.0, 1.0])]

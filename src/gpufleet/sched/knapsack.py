@@ -134,8 +134,12 @@ def _hull(v: np.ndarray, w: np.ndarray, cap: int) -> list[int]:
             continue  # same weight but not better, or heavier and not better: dominated
         while len(kept) >= 2:
             a, b = kept[-2], kept[-1]
-            # drop b if it lies strictly below the segment a -> i (cross product, exact for integer weights)
-            if (v[b] - v[a]) * (w[i] - w[a]) < (v[i] - v[a]) * (w[b] - w[a]):
+            # drop b if it lies strictly below the segment a -> i (cross product). Values are float sums, so
+            # "strictly" allows a few ulps: cumsum can put a collinear item 1 ulp low, and dropping it would merge
+            # two one-worker steps into one two-worker step that a greedy with one unit left cannot take
+            lhs = (v[b] - v[a]) * (w[i] - w[a])
+            rhs = (v[i] - v[a]) * (w[b] - w[a])
+            if lhs < rhs - 1e-12 * max(abs(lhs), abs(rhs), 1.0):
                 kept.pop()
             else:
                 break
