@@ -353,3 +353,19 @@ def test_context_parallel_pays_for_its_kv_all_gather(a100: System) -> None:
     # a 2-rank ring all-gather: one step moving half of it; full recompute gathers a third time
     one = (kv / 2) / (a100.nic_bytes_per_gpu * link.efficiency) + link.alpha_us * 1e-6
     assert with_cp.values["cp_comm"] == pytest.approx(with_cp.values["microbatches"] * layers * 3 * one, rel=1e-9)
+
+
+@pytest.mark.parametrize("sequence_parallel", [True, False])
+def test_pipeline_send_is_split_across_tensor_parallel_ranks(a100: System, sequence_parallel: bool) -> None:
+    # TP8 PP8 DP16: stage neighbours sit 128 GPUs apart, so each send crosses the NIC. Each TP rank sends its
+    # 1/8 slice of the (seq x hidden) bf16 activation; without sequence parallelism (Megatron's scatter/gather,
+    # Narayanan 2021 section 4.1) the receiving node then all-gathers the slices over NVLink.
+    options = TrainOptions(sequence_parallel=sequence_parallel)
+    v = _est("gpt3-175b", a100, Layout(tp=8, pp=8, dp=16, recompute="selective"), 1536, options).values
+    m = 1536 / 16
+    act = 2048 * 12288 * 2.0
+    nic_bw = a100.nic_bytes_per_gpu * FIXED.network["infiniband"].efficiency
+    intra_bw = a100.intra_node_bytes_per_s * FIXED.intra.nvlink
+    send = act / 8 / nic_bw + FIXED.network["infiniband"].alpha_us * 1e-6
+    gather = 0.0 if sequence_parallel else 7 / 8 * act / intra_bw + 7 * FIXED.intra.alpha_us * 1e-6
+    assert v["pp_comm"] == pytest.approx(2 * (m + 7) * (send + gather), rel=1e-9)

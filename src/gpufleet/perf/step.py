@@ -141,12 +141,16 @@ def evaluate(
     m = gbs / (dp * mbs)
     bubble = np.where(pp > 1, (pp - 1.0) / vp * t_mb, 0.0)
 
-    # --- pipeline send/recv: activations forward, gradients backward, per virtual stage ---
-    p2p_bytes = act_bytes / np.where(opt.sequence_parallel, tp, 1.0)
+    # --- pipeline send/recv: activations forward, gradients backward, per virtual stage. Each TP rank sends only
+    # its 1/tp slice: with sequence parallelism the activation is already split; without it, Megatron's
+    # scatter/gather optimisation (Narayanan 2021, section 4.1) splits it and the receiving node all-gathers
+    # the slices over NVLink ---
+    p2p_bytes = act_bytes / tp
     stage_stride = tp * cp * dp
     p2p_bw = np.where(stage_stride >= per_node, nic_bw, intra_bw)
     p2p_alpha = np.where(stage_stride >= per_node, nic_alpha, intra_alpha)
-    t_p2p = coll.p2p(p2p_bytes, p2p_bw, p2p_alpha)
+    regather = np.where(opt.sequence_parallel | (tp == 1), 0.0, coll.all_gather(act_bytes, tp, intra_bw, intra_alpha))
+    t_p2p = coll.p2p(p2p_bytes, p2p_bw, p2p_alpha) + regather
     pp_comm = np.where(pp > 1, 2.0 * (m * vp + pp - 1.0) * t_p2p, 0.0)
     pp_comm = pp_comm * (sw.pp_overlap_exposed if opt.pp_overlap else 1.0)
 
