@@ -369,3 +369,21 @@ def test_pipeline_send_is_split_across_tensor_parallel_ranks(a100: System, seque
     send = act / 8 / nic_bw + FIXED.network["infiniband"].alpha_us * 1e-6
     gather = 0.0 if sequence_parallel else 7 / 8 * act / intra_bw + 7 * FIXED.intra.alpha_us * 1e-6
     assert v["pp_comm"] == pytest.approx(2 * (m + 7) * (send + gather), rel=1e-9)
+
+
+def test_empty_pipeline_slots_go_to_the_last_stage(a100: System) -> None:
+    # Llama 3 405B (126 layers) at PP16 x VP4 has room for 128: like Llama 3 (section 3.3.2), the last stage,
+    # which also runs the output layer over a 128K vocabulary, holds fewer layers, so the slowest stage is
+    # either a full middle stage or the lightened last one, never a full stage plus the output layer.
+    m = get_model("llama3-405b")
+    kw = dict(tp=8, pp=16, dp=8, vp=4, recompute=0, options=TrainOptions(), efficiency=FIXED)
+    v = evaluate(m, a100, 1024, **kw)
+    layer, logits = float(v["layer_s"]), float(v["logits_s"])
+    assert 0.5 < logits / layer < 1.5  # one layer's worth: shedding one of the two empty slots balances best
+    t_mb = (v["compute"] + v["tp_comm"]) / v["microbatches"]
+    assert float(t_mb) == pytest.approx(max(8 * layer, 7 * layer + logits), rel=1e-9)
+    # with no empty slot (128 layers), the last stage carries all eight layers and the output layer
+    full = evaluate(m.model_copy(update={"layers": 128}), a100, 1024, **kw)
+    t_full = (full["compute"] + full["tp_comm"]) / full["microbatches"]
+    assert float(t_full) == pytest.approx(8 * float(full["layer_s"]) + float(full["logits_s"]), rel=1e-9)
+    assert float(t_full) > float(t_mb)

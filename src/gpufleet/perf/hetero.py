@@ -11,9 +11,11 @@ over TCP at the slower group's line rate. Holmes' placement, modelled here:
 * layers are split unevenly: stages whose DP reduction is slower get fewer layers, so that all
   stages finish a step together (Holmes' self-adapting pipeline partition).
 
-It is compared with naive uniform placement (Megatron's rank order over all nodes: DP rings span
-groups and run at the cross-group TCP rate, layers split evenly) and with an all-RDMA cluster of the
-same size (every node on the best group's NIC).
+It is compared with naive uniform placement and with an all-RDMA cluster of the same size (every node on
+the best group's NIC). Naive placement is what a homogeneous planner does: it picks the best layout for the
+NIC the cluster advertises (its best group's), and Megatron's rank order then spreads that layout over all
+nodes, so its DP rings and pipeline sends cross groups and run at the cross-group TCP rate, with layers
+split evenly.
 """
 
 from __future__ import annotations
@@ -86,15 +88,19 @@ def _split_layers(layers: int, weights: np.ndarray) -> np.ndarray:
 
 
 def _uniform(model: ModelSpec, system: System, gbs: int, seq: int, gpus: int, options: TrainOptions,
-             eff: Efficiency) -> tuple[float, str]:
-    """Best step time of a homogeneous layout search on ``system`` (used for naive and all-RDMA)."""
+             eff: Efficiency, run_on: System | None = None) -> tuple[float, str]:
+    """Best layout of a homogeneous search on ``system``, and its step time there or on ``run_on``."""
     from gpufleet.perf.planner import plan_layouts
 
     res = plan_layouts(model, system, gpus, gbs, seq, options, eff, top=1, max_cp=1)
     best = res.table.row(0, named=True)
-    return float(best["step_time_s"]), (
-        f"TP{best['tp']} PP{best['pp']} DP{best['dp']} mbs{best['mbs']} v{best['vp']} {best['recompute']}"
-    )
+    step = float(best["step_time_s"])
+    if run_on is not None:
+        rc = RECOMPUTE_MODES.index(best["recompute"])
+        out = evaluate(model, run_on, gbs, best["tp"], best["pp"], best["dp"], 1, best["mbs"], best["vp"], rc, seq,
+                       options, eff)
+        step = float(np.asarray(out["step_time_s"]).reshape(-1)[0])
+    return step, f"TP{best['tp']} PP{best['pp']} DP{best['dp']} mbs{best['mbs']} v{best['vp']} {best['recompute']}"
 
 
 def _holmes(model: ModelSpec, pools: list[Pool], gbs: int, seq: int, options: TrainOptions, eff: Efficiency):
@@ -133,7 +139,7 @@ def _holmes(model: ModelSpec, pools: list[Pool], gbs: int, seq: int, options: Tr
             # send at that boundary (full duplex: activations and gradients flow at the same time)
             senders = min(tp * dp, per_node)
             link_bw = cross.nics_per_node * cross.nic.gbps / 8 * 1e9 * eff.for_nic(cross.nic).efficiency / senders
-            act = mbs * seq * model.hidden * 2.0 / (tp if options.sequence_parallel else 1)
+            act = mbs * seq * model.hidden * 2.0 / tp  # each TP rank sends its slice (as in perf.step)
             t_link = act / link_bw + eff.for_nic(cross.nic).alpha_us * 1e-6 if len(pools) > 1 else 0.0
             t_p2p = max(pc["p2p_s"] for pc in pieces)
             t_mb = max(float(stage_time.max()) / m, t_link)
@@ -179,9 +185,9 @@ def plan_hetero(
     eff = efficiency or default_efficiency()
     gpus = sum(p.total_gpus for p in pools)
     holmes_step, holmes_layout, plan = _holmes(model, pools, gbs, s, opts, eff)
-    naive_step, naive_layout = _uniform(model, _cross_system(pools), gbs, s, gpus, opts, eff)
     best_pool = max(pools, key=lambda p: (p.nic_spec.kind != "ethernet", p.nic_spec.gbps))
     rdma_step, rdma_layout = _uniform(model, _system(best_pool), gbs, s, gpus, opts, eff)
+    naive_step, naive_layout = _uniform(model, _system(best_pool), gbs, s, gpus, opts, eff, _cross_system(pools))
     flops = model_flops_per_step(model, gbs, s)
     peak = pools[0].gpu_spec.mixed_precision_tflops * 1e12
     rows = []

@@ -130,12 +130,19 @@ def evaluate(
     cp_layer = np.where(cp > 1, (2.0 + (rc == 2)) * cp_gather, 0.0)
 
     # --- slowest stage: its layers plus the output layer and loss (Megatron keeps them on the last stage) ---
-    # uneven splits put ceil(L / (pp·vp)) layers on each virtual chunk of the slowest stage
+    # every virtual chunk has room for ceil(L / (pp·vp)) layers; when L leaves slots empty, they go to the last
+    # stage, which also runs the output layer and loss, as far as that balances it (Llama 3 section 3.3.2 drops a
+    # layer from its first and last stages; Megatron-Core's --decoder-last-pipeline-num-layers)
     layers_per_stage = np.ceil(model.layers / (pp * vp)) * vp
+    empty_slots = np.where(pp > 1, layers_per_stage * pp - model.layers, 0.0)
     t_logits = 3.0 * logit_flops_per_token(model) * tok / tp / gemm_rate + 3.0 * 8.0 * vocab * tok / tp / mem_rate
-    compute_mb = layers_per_stage * t_layer_compute + t_logits
-    tp_mb = layers_per_stage * tp_layer
-    cp_mb = layers_per_stage * cp_layer
+    layer_t = t_layer_compute + tp_layer + cp_layer
+    shed = np.clip(np.floor(t_logits / layer_t + 0.5), 0.0, np.minimum(empty_slots, layers_per_stage - 1.0))
+    last_slowest = (layers_per_stage - shed) * layer_t + t_logits >= layers_per_stage * layer_t
+    slow_layers = np.where(last_slowest, layers_per_stage - shed, layers_per_stage)
+    compute_mb = slow_layers * t_layer_compute + np.where(last_slowest, t_logits, 0.0)
+    tp_mb = slow_layers * tp_layer
+    cp_mb = slow_layers * cp_layer
     t_mb = compute_mb + tp_mb + cp_mb
 
     m = gbs / (dp * mbs)
