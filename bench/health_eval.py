@@ -96,6 +96,22 @@ def main() -> None:
               f"{best['precision'] / base:.2f}x", "84.0 %")
     console.print(s)
 
+    # decay: pooled precision per month (right alerts / alerts) of the single models, once vs sliding
+    d = Table(title="drift: pooled precision of GBDT + MLP + 1D-CNN by month (right alerts / alerts)",
+              header_style="bold")
+    d.add_column("")
+    for m in month_names:
+        d.add_column(m, justify="right")
+    for mode in ("once", "sliding"):
+        part = months.filter(pl.col("model").is_in(["gbdt", "mlp", "cnn1d"]) & (pl.col("mode") == mode))
+        pooled = (part.group_by("month").agg((pl.col("precision") * pl.col("alerts")).sum().alias("right"),
+                                             pl.col("alerts").sum()))
+        by = {r["month"]: r for r in pooled.iter_rows(named=True)}
+        d.add_row(f"single models, {mode}", *[
+            f"{100 * by[m]['right'] / by[m]['alerts']:.0f} %" if m in by and by[m]["alerts"] else "-"
+            for m in month_names])
+    console.print(d)
+
     tt = Table(title="wall time", header_style="bold")
     tt.add_column("stage")
     tt.add_column("seconds", justify="right")

@@ -284,3 +284,13 @@ def test_node_relative_matches_naive(node):
                 assert got[g, b] == pytest.approx(temp[g, b] - np.sort(col)[len(col) // 2] if len(col) % 2
                                                   else temp[g, b] - (np.sort(col)[len(col) // 2 - 1]
                                                                      + np.sort(col)[len(col) // 2]) / 2, abs=1e-4)
+
+
+def test_pcie_vs_node_is_replays_above_the_node_median(built):
+    a, _, _ = built
+    rel = _ch(a, "pcie_vs_node")
+    # GPU 6 alone replays 6 an hour-bin in bins 0-3 (its node's other GPUs replay nothing): all of it stands out
+    np.testing.assert_allclose(rel[6, 1:4], _ch(a, "pcie_replay")[6, 1:4])
+    assert (rel[6, 1:4] > 0).all()
+    # every other GPU of that node sits at the median
+    assert np.nanmax(np.abs(rel[[0, 1, 2, 3, 4, 7], :4])) == 0.0

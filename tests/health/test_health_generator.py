@@ -10,7 +10,15 @@ import polars as pl
 import pytest
 
 from gpufleet.health import facts, xid
-from gpufleet.health.generator import CODES, COUNTERS, GAUGES, FleetConfig, _draw_failures, generate_fleet
+from gpufleet.health.generator import (
+    CODES,
+    COUNTERS,
+    GAUGES,
+    FleetConfig,
+    _draw_failures,
+    _drift_episodes,
+    generate_fleet,
+)
 
 METRICS = (*GAUGES, *COUNTERS, *CODES)
 CFG = FleetConfig(gpus=96, days=25, seed=5, failure_scale=100)
@@ -154,3 +162,53 @@ def test_hbm_precursor_raises_single_bit_errors_before_failure(tmp_path):
         earlier.append(level[f - 49] / (f - 48))  # errors per hour over the GPU's history before that
     assert np.mean(before) > 3 * np.mean(earlier)
     assert np.median(np.array(before) - np.array(earlier)) > 0
+
+
+def test_drift_look_alikes_appear_where_and_when_the_fleet_drifts():
+    cfg = FleetConfig(gpus=40_000, days=120, seed=5)
+    rng = np.random.default_rng(7)
+    weak = rng.random(cfg.gpus) < cfg.weak_batch_share
+    racks = math.ceil(cfg.nodes / cfg.nodes_per_rack)
+    bad = rng.random(racks) < facts.MAINTENANCE_RACK_SHARE
+    ep = _drift_episodes(cfg, rng, weak, bad)
+    assert not ep["true"].any()
+    storms = ep.filter(pl.col("signature") == "pcie_storm")
+    gpu = storms["gpu"].to_numpy().astype(np.int64)
+    node = gpu // cfg.gpus_per_node
+    # only after the maintenance, only on the racks it left with loose cables, always a whole node at once
+    assert (storms["start"].to_numpy() >= facts.MAINTENANCE_DAY * 24).all()
+    assert bad[node // cfg.nodes_per_rack].all()
+    per_storm = storms.group_by("start", "end", "intensity").agg(pl.col("gpu").count().alias("n"),
+                                                                  (pl.col("gpu") // cfg.gpus_per_node).n_unique()
+                                                                  .alias("nodes"))
+    assert (per_storm["n"] % cfg.gpus_per_node == 0).all() and (per_storm["nodes"] >= 1).all()
+    expected = facts.CABLE_STORMS_PER_NODE_DAY * bad.sum() * cfg.nodes_per_rack * (120 - facts.MAINTENANCE_DAY)
+    assert abs(per_storm["n"].sum() / cfg.gpus_per_node - expected) < 4 * math.sqrt(expected) + 1
+    # ageing leakage: weak GPUs only, about AGING_LEAK_SHARE of them, onsets later and later (hazard ~ t)
+    aging = ep.filter(pl.col("signature") == "sbe_aging")
+    assert weak[aging["gpu"].to_numpy().astype(np.int64)].all()
+    n_weak = int(weak.sum())
+    assert abs(aging.height - facts.AGING_LEAK_SHARE * n_weak) < 4 * math.sqrt(facts.AGING_LEAK_SHARE * n_weak)
+    start = aging["start"].to_numpy()
+    # P(onset in the second half) = 1 - 0.25 = 0.75 for a linearly rising hazard
+    assert abs((start >= cfg.hours / 2).mean() - 0.75) < 4 * math.sqrt(0.75 * 0.25 / aging.height)
+    # turned off, nothing is drawn
+    off = _drift_episodes(FleetConfig(gpus=4_000, storm_scale=0.0, aging_scale=0.0), rng, weak[:4_000], bad)
+    assert off.height == 0
+
+
+def _node_wide_replay_hours(path, cfg: FleetConfig) -> np.ndarray:
+    """Hours in which at least 6 of a node's 8 GPUs add more than 3 PCIe replays each."""
+    level = pl.read_parquet(path, columns=["DCGM_FI_DEV_PCIE_REPLAY_COUNTER"])["DCGM_FI_DEV_PCIE_REPLAY_COUNTER"]
+    inc = np.diff(level.to_numpy().reshape(cfg.gpus, cfg.hours), axis=1, prepend=0.0)
+    busy = (np.nan_to_num(inc) > 3).reshape(cfg.nodes, cfg.gpus_per_node, -1).sum(axis=1) >= 6
+    return np.nonzero(busy)[1]
+
+
+def test_cable_storms_replay_across_a_whole_node_after_the_maintenance(tmp_path):
+    cfg = FleetConfig(gpus=320, days=90, seed=4, storm_scale=50.0, aging_scale=0.0)
+    hours = _node_wide_replay_hours(generate_fleet(cfg, tmp_path / "storm.parquet").path, cfg)
+    assert len(hours) > 0
+    assert hours.min() >= facts.MAINTENANCE_DAY * 24
+    calm = FleetConfig(gpus=320, days=90, seed=4, storm_scale=0.0, aging_scale=0.0)
+    assert len(_node_wide_replay_hours(generate_fleet(calm, tmp_path / "calm.parquet").path, calm)) == 0

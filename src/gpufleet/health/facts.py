@@ -80,6 +80,18 @@ SEASONAL_WARMING_C_PER_DAY = 5.0 / 120.0
 #: bursts become more frequent afterwards.
 MAINTENANCE_DAY = 80.0
 MAINTENANCE_RACK_SHARE = 0.15
+#: On those racks a loose cable also throws replay *storms*: every GPU of a node sees a PCIe replay episode
+#: at once, shaped like a bus-drop precursor but fading without a failure. Storms per bad-rack node per day
+#: after the maintenance (assumption). A model that never saw a storm takes them for precursors; one that
+#: did learns that a whole node replaying together is the cable, not the GPU (``pcie_vs_node``).
+CABLE_STORMS_PER_NODE_DAY = 0.01
+#: Wear-out of the weak batch also shows as benign leakage: single-bit errors that climb for weeks and
+#: plateau, without row remaps or contained errors. Its onset hazard rises linearly in time, as the batch's
+#: HBM failures do (Titan's batch effect, Ostrouchov et al. SC'20); the share of weak GPUs that start leaking
+#: within the fleet's span is an assumption. A model trained early sees few; later they outnumber true
+#: HBM precursors.
+AGING_LEAK_SHARE = 0.03
+AGING_LEAK_MEDIAN_H = 240.0
 
 # --- repair -------------------------------------------------------------------------------------------------
 #: Hours a failed GPU is out before a reset or replacement brings it back (assumption: a day and a half,

@@ -43,7 +43,7 @@ _SW_THERMAL = 0x20
 _VIOLATION_NS_TO_S = 1e-9
 
 CHANNELS: tuple[str, ...] = (
-    *GAUGES, "temp_max", "temp_vs_node", *COUNTERS, *(f"{c}_level" for c in LEVELS),
+    *GAUGES, "temp_max", "temp_vs_node", *COUNTERS, "pcie_vs_node", *(f"{c}_level" for c in LEVELS),
     "hw_throttle_h", "sw_thermal_h", "xid63", "xid92", "xid94", "xid_benign", "xid_other", "xid_hard", "alive_h",
 )
 
@@ -195,7 +195,7 @@ def _bin_reduce(x: np.ndarray, bin_h: int, how: str) -> np.ndarray:
 
 
 def _node_relative(temp: np.ndarray, node: np.ndarray) -> np.ndarray:
-    """Each GPU's binned temperature minus the median of its node's GPUs (a peer comparison)."""
+    """Each GPU's binned value minus the median of its node's GPUs in that bin (a peer comparison)."""
     order = np.argsort(node, kind="stable")
     _, starts, counts = np.unique(node[order], return_index=True, return_counts=True)
     out = np.full_like(temp, np.nan)
@@ -248,6 +248,8 @@ def build_arrays(source: pl.DataFrame | str | Path, bin_h: int = 6) -> FleetArra
         bins[:, :, ch[name]] = _bin_reduce(inc, bin_h, "sum")
         if name in LEVELS:
             bins[:, :, ch[f"{name}_level"]] = _bin_reduce(level, bin_h, "last")
+    # peer comparison: a GPU replaying alone points at its own link, a whole node replaying at a shared cable
+    bins[:, :, ch["pcie_vs_node"]] = _node_relative(bins[:, :, ch["pcie_replay"]], node)
     bins[:, :, ch["alive_h"]] = _bin_reduce(alive.astype(np.float32), bin_h, "sum")
     alive_end = alive[:, bin_h - 1:nb * bin_h:bin_h]
     del alive

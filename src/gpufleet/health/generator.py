@@ -70,6 +70,9 @@ class FleetConfig:
         "hbm": 1.0, "pcie": 1.0, "nvlink": 0.8, "sram": 1.0, "app_errors": 1.5, "thermal": 2.0})
     #: decoys are milder on average than real precursors (log-normal median ratio), with overlapping tails
     decoy_intensity: float = 0.5
+    #: multiply the drift look-alikes (facts.CABLE_STORMS_PER_NODE_DAY, facts.AGING_LEAK_SHARE); 0 turns them off
+    storm_scale: float = 1.0
+    aging_scale: float = 1.0
     chunk_gpus: int = 2_000
 
     @property
@@ -117,8 +120,10 @@ def _draw_plan(cfg: FleetConfig, rng: np.random.Generator) -> _Plan:
     g = cfg.gpus
     nodes, racks = cfg.nodes, math.ceil(cfg.nodes / cfg.nodes_per_rack)
     weak = rng.random(g) < cfg.weak_batch_share
+    bad_cables = rng.random(racks) < facts.MAINTENANCE_RACK_SHARE
     plan_failures = _draw_failures(cfg, rng, weak)
-    episodes = _draw_episodes(cfg, rng, plan_failures)
+    episodes = pl.concat([_draw_episodes(cfg, rng, plan_failures), _drift_episodes(cfg, rng, weak, bad_cables)],
+                         how="vertical_relaxed").sort("gpu", "start")
     return _Plan(
         leaky=rng.random(g) < cfg.leaky_share, weak=weak,
         gpu_temp_off=rng.normal(0.0, 2.5, g).astype(np.float32),
@@ -126,7 +131,7 @@ def _draw_plan(cfg: FleetConfig, rng: np.random.Generator) -> _Plan:
         node_inference=rng.random(nodes) < cfg.inference_share,
         node_upgrade_h=((facts.DRIVER_UPGRADE_DAY + rng.uniform(-1, 1, nodes) * facts.DRIVER_ROLLOUT_DAYS) * 24),
         rack_temp_off=rng.normal(0.0, 2.0, racks).astype(np.float32),
-        rack_bad_cables=rng.random(racks) < facts.MAINTENANCE_RACK_SHARE,
+        rack_bad_cables=bad_cables,
         failures=plan_failures, episodes=episodes,
     )
 
@@ -209,6 +214,43 @@ def _draw_episodes(cfg: FleetConfig, rng: np.random.Generator, failures: pl.Data
     return pl.concat(parts, how="vertical_relaxed").sort("gpu", "start")
 
 
+def _drift_episodes(cfg: FleetConfig, rng: np.random.Generator, weak: np.ndarray, bad_racks: np.ndarray
+                    ) -> pl.DataFrame:
+    """Look-alikes that appear as the fleet drifts: node-wide PCIe replay storms on the racks a maintenance left
+    with loose cables (after it), and benign single-bit leakage of the ageing weak batch (more and more of it)."""
+    g, h, gpn = cfg.gpus, cfg.hours, cfg.gpus_per_node
+    parts = []
+    first = int(facts.MAINTENANCE_DAY * 24)
+    bad_nodes = np.flatnonzero(np.repeat(bad_racks, cfg.nodes_per_rack)[:cfg.nodes])
+    if first < h and len(bad_nodes):
+        n = rng.poisson(facts.CABLE_STORMS_PER_NODE_DAY * len(bad_nodes) * (h - first) / 24 * cfg.storm_scale)
+        node = rng.choice(bad_nodes, n)
+        gpus = (node[:, None] * gpn + np.arange(gpn)[None, :]).ravel()
+        start = np.repeat(rng.integers(first, h, n), gpn)
+        length = np.repeat(np.clip(rng.lognormal(math.log(48.0), 0.6, n), 6, 240).astype(np.int64), gpn)
+        inten = np.repeat(rng.lognormal(math.log(cfg.decoy_intensity), 0.5, n), gpn)
+        ok = gpus < g
+        parts.append(pl.DataFrame({
+            "gpu": gpus[ok].astype(np.uint32), "start": start[ok], "end": (start + length)[ok],
+            "signature": ["pcie_storm"] * int(ok.sum()), "intensity": inten[ok], "true": [False] * int(ok.sum()),
+        }))
+    weak_ids = np.flatnonzero(weak)
+    n = rng.binomial(len(weak_ids), min(1.0, facts.AGING_LEAK_SHARE * cfg.aging_scale))
+    if n:
+        gpus = rng.choice(weak_ids, n, replace=False)
+        start = (h * np.sqrt(rng.random(n))).astype(np.int64)  # hazard rising linearly in time
+        length = np.clip(rng.lognormal(math.log(facts.AGING_LEAK_MEDIAN_H), 0.5, n), 48, 2 * h).astype(np.int64)
+        parts.append(pl.DataFrame({
+            "gpu": gpus.astype(np.uint32), "start": start, "end": start + length,
+            "signature": ["sbe_aging"] * n, "intensity": rng.lognormal(math.log(cfg.decoy_intensity), 0.5, n),
+            "true": [False] * n,
+        }))
+    if not parts:
+        return pl.DataFrame(schema={"gpu": pl.UInt32, "start": pl.Int64, "end": pl.Int64, "signature": pl.Utf8,
+                                    "intensity": pl.Float64, "true": pl.Boolean})
+    return pl.concat(parts, how="vertical_relaxed")
+
+
 # --------------------------------------------------------------------------------------------- telemetry
 def _normal(rng: np.random.Generator, shape: tuple[int, int]) -> np.ndarray:
     """Standard normal noise in float32 (half the memory and time of float64 at this size)."""
@@ -228,9 +270,12 @@ def _sparse_counts(rng: np.random.Generator, shape: tuple[int, int], rate: np.nd
     return out
 
 
-def _profile(n: int, true: bool) -> np.ndarray:
-    """Episode intensity over its hours: true ones ramp up into the failure, decoys rise and fade."""
+def _profile(n: int, true: bool, signature: str = "") -> np.ndarray:
+    """Episode intensity over its hours: true ones ramp up into the failure, decoys rise and fade, ageing
+    leakage climbs and stays."""
     tau = (np.arange(n) + 1.0) / n
+    if signature == "sbe_aging":
+        return np.minimum(1.0, 2.0 * tau)
     return np.exp(3.0 * (tau - 1.0)) if true else np.sin(np.pi * tau) ** 2
 
 
@@ -312,7 +357,8 @@ def _chunk(cfg: FleetConfig, plan: _Plan, g0: int, g1: int, rng: np.random.Gener
         s, e = max(ep["start"], 0), min(ep["end"], h)
         if e <= s:
             continue
-        prof = _profile(ep["end"] - ep["start"], ep["true"])[s - ep["start"]:e - ep["start"]] * ep["intensity"]
+        prof = (_profile(ep["end"] - ep["start"], ep["true"], ep["signature"])[s - ep["start"]:e - ep["start"]]
+                * ep["intensity"])
         span = slice(s, e)
         sig = ep["signature"]
         if sig in ("hbm", "sram"):
@@ -331,8 +377,10 @@ def _chunk(cfg: FleetConfig, plan: _Plan, g0: int, g1: int, rng: np.random.Gener
                 remap_u[i, span] += contained
                 dbe[i, span] += contained
                 put_xid(np.full(contained.sum(), i), s + np.nonzero(contained)[0], facts.XID_CONTAINED, 2)
-        elif sig == "pcie":
+        elif sig in ("pcie", "pcie_storm"):
             pcie[i, span] += rng.poisson(0.5 + 60 * prof)
+        elif sig == "sbe_aging":  # correctable errors only: no remaps, no contained errors
+            sbe[i, span] += rng.poisson(0.2 + 12.0 * prof)
         elif sig == "nvlink":
             crc[i, span] += rng.poisson(0.2 + 30 * prof)
         elif sig == "app_errors":
