@@ -2,7 +2,7 @@
 sliding, precision by month, and the wall time of training + evaluation (bar: under 10 minutes for
 20,000 GPUs x 120 days with GBDT and the ensembles; the LSTM runs on a sample of GPUs).
 
-    python bench/health_eval.py                      # generates /tmp/gpufleet-fleet-20000x120.parquet once
+    python bench/health_eval.py                      # draws /tmp/gpufleet-fleet-20000x120-s0-<hash>.parquet once
     python bench/health_eval.py --fleet fleet.parquet --lstm-gpus 5000
 
 The baseline in the same run is the single models trained once; the paper (Liu et al., SYSTOR '23)
@@ -29,6 +29,18 @@ from gpufleet.health.generator import FleetConfig, generate_fleet
 console = Console(width=160)
 
 
+def _generator_tag() -> str:
+    """A short hash of the generator's code and facts, so a cached fleet is redrawn when either changes."""
+    import hashlib
+
+    from gpufleet.health import facts, generator
+
+    digest = hashlib.sha1()
+    for module in (generator, facts):
+        digest.update(Path(module.__file__).read_bytes())
+    return digest.hexdigest()[:8]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--fleet", type=Path, help="canonical telemetry Parquet (default: generate one)")
@@ -40,7 +52,7 @@ def main() -> None:
     args = ap.parse_args()
 
     timings: dict[str, float] = {}
-    path = args.fleet or Path(f"/tmp/gpufleet-fleet-{args.gpus}x{args.days:g}-s{args.seed}.parquet")
+    path = args.fleet or Path(f"/tmp/gpufleet-fleet-{args.gpus}x{args.days:g}-s{args.seed}-{_generator_tag()}.parquet")
     if not path.exists():
         t0 = time.perf_counter()
         s = generate_fleet(FleetConfig(gpus=args.gpus, days=args.days, seed=args.seed), path)
