@@ -65,9 +65,10 @@ class FleetConfig:
     #: rising over time (wear-out)
     weak_batch_share: float = 0.2
     weak_batch_hbm_factor: float = 3.0
-    #: decoy episodes (the signature without a failure) per true precursor episode, by signature (assumption)
+    #: decoy episodes (the signature without a failure) per true precursor episode, by signature (assumption;
+    #: the drift look-alikes, storms and ageing leakage, come on top and outnumber them late in the span)
     decoys: dict[str, float] = field(default_factory=lambda: {
-        "hbm": 1.0, "pcie": 1.0, "nvlink": 0.8, "sram": 1.0, "app_errors": 1.5, "thermal": 2.0})
+        "hbm": 0.5, "pcie": 0.5, "nvlink": 0.4, "sram": 0.5, "app_errors": 0.75, "thermal": 1.0})
     #: decoys are milder on average than real precursors (log-normal median ratio), with overlapping tails
     decoy_intensity: float = 0.5
     #: multiply the drift look-alikes (facts.CABLE_STORMS_PER_NODE_DAY, facts.AGING_LEAK_SHARE); 0 turns them off
