@@ -181,7 +181,8 @@ def test_drift_look_alikes_appear_where_and_when_the_fleet_drifts():
     per_storm = storms.group_by("start", "end", "intensity").agg(pl.col("gpu").count().alias("n"),
                                                                   (pl.col("gpu") // cfg.gpus_per_node).n_unique()
                                                                   .alias("nodes"))
-    assert (per_storm["n"] % cfg.gpus_per_node == 0).all() and (per_storm["nodes"] >= 1).all()
+    assert (per_storm["n"] % cfg.gpus_per_node == 0).all()
+    assert (per_storm["nodes"] == per_storm["n"] // cfg.gpus_per_node).all()
     expected = facts.CABLE_STORMS_PER_NODE_DAY * bad.sum() * cfg.nodes_per_rack * (120 - facts.MAINTENANCE_DAY)
     assert abs(per_storm["n"].sum() / cfg.gpus_per_node - expected) < 4 * math.sqrt(expected) + 1
     # ageing leakage: weak GPUs only, about AGING_LEAK_SHARE of them, onsets later and later (hazard ~ t)

@@ -70,6 +70,16 @@ def test_load_rejects_bad_files(fleet, tmp_path):
             Predictor.load(path)
 
 
+def test_load_asks_to_retrain_a_model_with_older_features(fleet, tmp_path):
+    _, _, pred, _ = fleet
+    from dataclasses import replace
+
+    old = tmp_path / "old.pkl"
+    old.write_bytes(pickle.dumps(replace(pred, format="gpufleet.health.predictor/1")))
+    with pytest.raises(HealthError, match=r"older gpufleet.*retrain"):
+        Predictor.load(old)
+
+
 def test_predict_latest_ranks_by_score(fleet):
     _, arrays, pred, _ = fleet
     at = 25 * 24

@@ -64,6 +64,9 @@ def test_holmes_placement_beats_naive_and_trails_all_rdma() -> None:
     assert speed["holmes"] > speed["naive uniform"]
     assert speed["all-RDMA (same size)"] > speed["holmes"]
     assert res.table["gpus"].sum() == 96
+    # naive placement runs the layout a homogeneous planner picks for the best NIC, on the mixed fabric
+    layout = dict(zip(res.summary["placement"], res.summary["layout"], strict=True))
+    assert layout["naive uniform"] == layout["all-RDMA (same size)"]
     # the Ethernet group's stages carry no more layers than the InfiniBand group's
     layers = {g: [int(x) for x in s.split()] for g, s in zip(res.table["group"], res.table["layers_per_stage"],
                                                              strict=True)}

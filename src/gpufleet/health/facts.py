@@ -85,11 +85,11 @@ MAINTENANCE_RACK_SHARE = 0.15
 #: after the maintenance (assumption). A model that never saw a storm takes them for precursors; one that
 #: did learns that a whole node replaying together is the cable, not the GPU (``pcie_vs_node``).
 CABLE_STORMS_PER_NODE_DAY = 0.01
-#: Wear-out of the weak batch also shows as benign leakage: single-bit errors that climb for weeks and
-#: plateau, without row remaps or contained errors. Its onset hazard rises linearly in time, as the batch's
-#: HBM failures do (Titan's batch effect, Ostrouchov et al. SC'20); the share of weak GPUs that start leaking
-#: within the fleet's span is an assumption. A model trained early sees few; later they outnumber true
-#: HBM precursors.
+#: Wear-out of the weak batch also shows as benign leakage: single-bit errors that climb over the first half
+#: of a ~10-day episode (median; some last weeks) and plateau, without row remaps or contained errors. Its
+#: onset hazard rises linearly in time, as the batch's HBM failures do (Titan's batch effect, Ostrouchov et
+#: al. SC'20); the share of weak GPUs that start leaking within the fleet's span is an assumption. A model
+#: trained early sees few; later they outnumber true HBM precursors.
 AGING_LEAK_SHARE = 0.03
 AGING_LEAK_MEDIAN_H = 240.0
 

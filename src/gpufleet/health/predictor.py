@@ -23,7 +23,8 @@ from gpufleet.health.fleet_arrays import FleetArrays
 from gpufleet.health.models.base import FailureModel, make_model
 from gpufleet.health.models.ensembles import DEFAULT_BUDGET, CascadeEnsemble, ParallelEnsemble, top_k_per_round
 
-_FORMAT = "gpufleet.health.predictor/1"
+#: bumped whenever the feature columns change (2: the pcie_vs_node channel); an older file must be retrained
+_FORMAT = "gpufleet.health.predictor/2"
 
 
 @dataclass
@@ -54,6 +55,10 @@ class Predictor:
             obj = pickle.loads(path.read_bytes())
         except Exception as exc:  # a truncated or foreign pickle
             raise HealthError(f"{path}: not a gpufleet failure model ({type(exc).__name__}: {exc})") from exc
+        older = str(getattr(obj, "format", "")).startswith("gpufleet.health.predictor/")
+        if isinstance(obj, Predictor) and older and obj.format != _FORMAT:
+            raise HealthError(f"{path}: a failure model from an older gpufleet ({obj.format}; this one reads "
+                              f"{_FORMAT}, whose features differ); retrain it with `gpufleet health train`")
         if not isinstance(obj, Predictor) or getattr(obj, "format", None) != _FORMAT:
             raise HealthError(f"{path}: not a gpufleet failure model; write one with `gpufleet health train`")
         return obj

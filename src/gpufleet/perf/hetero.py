@@ -88,19 +88,18 @@ def _split_layers(layers: int, weights: np.ndarray) -> np.ndarray:
 
 
 def _uniform(model: ModelSpec, system: System, gbs: int, seq: int, gpus: int, options: TrainOptions,
-             eff: Efficiency, run_on: System | None = None) -> tuple[float, str]:
-    """Best layout of a homogeneous search on ``system``, and its step time there or on ``run_on``."""
+             eff: Efficiency, run_on: System) -> tuple[float, float, str]:
+    """Best layout of a homogeneous search on ``system``: its step time there, on ``run_on``, and its name."""
     from gpufleet.perf.planner import plan_layouts
 
     res = plan_layouts(model, system, gpus, gbs, seq, options, eff, top=1, max_cp=1)
     best = res.table.row(0, named=True)
-    step = float(best["step_time_s"])
-    if run_on is not None:
-        rc = RECOMPUTE_MODES.index(best["recompute"])
-        out = evaluate(model, run_on, gbs, best["tp"], best["pp"], best["dp"], 1, best["mbs"], best["vp"], rc, seq,
-                       options, eff)
-        step = float(np.asarray(out["step_time_s"]).reshape(-1)[0])
-    return step, f"TP{best['tp']} PP{best['pp']} DP{best['dp']} mbs{best['mbs']} v{best['vp']} {best['recompute']}"
+    rc = RECOMPUTE_MODES.index(best["recompute"])
+    out = evaluate(model, run_on, gbs, best["tp"], best["pp"], best["dp"], 1, best["mbs"], best["vp"], rc, seq,
+                   options, eff)
+    elsewhere = float(np.asarray(out["step_time_s"]).reshape(-1)[0])
+    name = f"TP{best['tp']} PP{best['pp']} DP{best['dp']} mbs{best['mbs']} v{best['vp']} {best['recompute']}"
+    return float(best["step_time_s"]), elsewhere, name
 
 
 def _holmes(model: ModelSpec, pools: list[Pool], gbs: int, seq: int, options: TrainOptions, eff: Efficiency):
@@ -139,7 +138,8 @@ def _holmes(model: ModelSpec, pools: list[Pool], gbs: int, seq: int, options: Tr
             # send at that boundary (full duplex: activations and gradients flow at the same time)
             senders = min(tp * dp, per_node)
             link_bw = cross.nics_per_node * cross.nic.gbps / 8 * 1e9 * eff.for_nic(cross.nic).efficiency / senders
-            act = mbs * seq * model.hidden * 2.0 / tp  # each TP rank sends its slice (as in perf.step)
+            # each TP rank sends its 1/tp slice across the link (the NVLink re-gather is in p2p_s below)
+            act = mbs * seq * model.hidden * 2.0 / tp
             t_link = act / link_bw + eff.for_nic(cross.nic).alpha_us * 1e-6 if len(pools) > 1 else 0.0
             t_p2p = max(pc["p2p_s"] for pc in pieces)
             t_mb = max(float(stage_time.max()) / m, t_link)
@@ -186,8 +186,10 @@ def plan_hetero(
     gpus = sum(p.total_gpus for p in pools)
     holmes_step, holmes_layout, plan = _holmes(model, pools, gbs, s, opts, eff)
     best_pool = max(pools, key=lambda p: (p.nic_spec.kind != "ethernet", p.nic_spec.gbps))
-    rdma_step, rdma_layout = _uniform(model, _system(best_pool), gbs, s, gpus, opts, eff)
-    naive_step, naive_layout = _uniform(model, _system(best_pool), gbs, s, gpus, opts, eff, _cross_system(pools))
+    # one search on the best group's NIC: all-RDMA runs its layout there, naive placement on the mixed fabric
+    rdma_step, naive_step, rdma_layout = _uniform(model, _system(best_pool), gbs, s, gpus, opts, eff,
+                                                  _cross_system(pools))
+    naive_layout = rdma_layout
     flops = model_flops_per_step(model, gbs, s)
     peak = pools[0].gpu_spec.mixed_precision_tflops * 1e12
     rows = []

@@ -129,15 +129,15 @@ def evaluate(
     cp_gather = coll.hierarchical_all_gather(kv_bytes, cp, cp_local, intra_bw, nic_bw, intra_alpha, nic_alpha)
     cp_layer = np.where(cp > 1, (2.0 + (rc == 2)) * cp_gather, 0.0)
 
-    # --- slowest stage: its layers plus the output layer and loss (Megatron keeps them on the last stage) ---
-    # every virtual chunk has room for ceil(L / (pp·vp)) layers; when L leaves slots empty, they go to the last
-    # stage, which also runs the output layer and loss, as far as that balances it (Llama 3 section 3.3.2 drops a
-    # layer from its first and last stages; Megatron-Core's --decoder-last-pipeline-num-layers)
+    # --- slowest stage: the slower of a full stage and the last one, which also runs the output layer and loss ---
+    # every virtual chunk has room for ceil(L / (pp·vp)) layers; the slots L leaves empty go to the last stage
+    # (keeping a layer in each of its chunks), which lightens it by as much (Llama 3 section 3.3.2 drops a layer
+    # from its first and last stages; Megatron-Core's --decoder-last-pipeline-num-layers)
     layers_per_stage = np.ceil(model.layers / (pp * vp)) * vp
     empty_slots = np.where(pp > 1, layers_per_stage * pp - model.layers, 0.0)
     t_logits = 3.0 * logit_flops_per_token(model) * tok / tp / gemm_rate + 3.0 * 8.0 * vocab * tok / tp / mem_rate
     layer_t = t_layer_compute + tp_layer + cp_layer
-    shed = np.clip(np.floor(t_logits / layer_t + 0.5), 0.0, np.minimum(empty_slots, layers_per_stage - 1.0))
+    shed = np.clip(empty_slots, 0.0, layers_per_stage - vp)
     last_slowest = (layers_per_stage - shed) * layer_t + t_logits >= layers_per_stage * layer_t
     slow_layers = np.where(last_slowest, layers_per_stage - shed, layers_per_stage)
     compute_mb = slow_layers * t_layer_compute + np.where(last_slowest, t_logits, 0.0)
@@ -156,7 +156,8 @@ def evaluate(
     stage_stride = tp * cp * dp
     p2p_bw = np.where(stage_stride >= per_node, nic_bw, intra_bw)
     p2p_alpha = np.where(stage_stride >= per_node, nic_alpha, intra_alpha)
-    regather = np.where(opt.sequence_parallel | (tp == 1), 0.0, coll.all_gather(act_bytes, tp, intra_bw, intra_alpha))
+    regather = np.where(opt.sequence_parallel | (tp == 1), 0.0, coll.hierarchical_all_gather(
+        act_bytes, tp, np.minimum(tp, per_node), intra_bw, nic_bw, intra_alpha, nic_alpha))
     t_p2p = coll.p2p(p2p_bytes, p2p_bw, p2p_alpha) + regather
     pp_comm = np.where(pp > 1, 2.0 * (m * vp + pp - 1.0) * t_p2p, 0.0)
     pp_comm = pp_comm * (sw.pp_overlap_exposed if opt.pp_overlap else 1.0)
