@@ -41,6 +41,18 @@ def test_srtf_preempts_for_shorter_remaining_work():
     assert r.summary["preemptions"] == 2
 
 
+def test_srtf_looks_past_a_slowed_job_for_a_victim_with_more_work():
+    # 2 nodes x 4 GPUs, a job spread over more nodes than it needs runs at half speed. j0 and j1 (3 GPUs,
+    # 40 s) take 3 GPUs of each node; j2 (2 GPUs, 25 s) at t=1 must spread: speed 0.5, done at 51. At t=2 j3
+    # (2 GPUs, 30 s) arrives. j2 tops the victim heap (latest expected finish, 49 s of time left) but has only
+    # 24.5 s of work left, less than j3's 30: it is passed over, not the end of the search. j0 (38 s of work
+    # left) gives way: j3 runs 2-32 on node 0, j0 resumes 32-70, j2 ends at 51, j1 at 40.
+    cfg = SimConfig(checkpoint_interval_s=0.0, restart_s=0.0, debug=True, placement_penalty=0.5)
+    r = simulate([(0, 40, 3), (0, 40, 3), (1, 25, 2), (2, 30, 2)], "srtf", nodes=2, gpus_per_node=4, config=cfg)
+    assert finish_times(r) == [70, 40, 51, 32]
+    assert r.summary["preemptions"] == 1
+
+
 def test_las_shares_by_attained_service_with_quantum():
     # quantum 2 GPU-s on 2-GPU jobs = 1 s of lead. t=1 j1 preempts j0 (2 GPU-s attained); t=2 j2 preempts
     # j1; t=3 j3 (0) preempts j2 and runs alone 3-4; then j0 4-5, j1 5-6, j2 6-7 (its last second: done),

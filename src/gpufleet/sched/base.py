@@ -68,6 +68,15 @@ class Policy:
         """A key fixed while ``j`` runs that orders running jobs like :meth:`running_key` (heap proxy)."""
         return self.running_key(j, now)
 
+    #: whether :meth:`running_bound` differs from :meth:`running_key` (the heap then orders by the bound)
+    bounded_running_key: ClassVar[bool] = False
+
+    def running_bound(self, j: int, now: float) -> float:
+        """An upper bound of :meth:`running_key` that orders running jobs exactly like
+        :meth:`running_order_key`. A victim search stops at the first job whose bound does not qualify; jobs
+        whose bound qualifies but whose key does not are skipped and stay possible victims."""
+        return self.running_key(j, now)
+
     def should_preempt(self, victim_key: float, waiting_key: float) -> bool:
         """Whether a running job with ``victim_key`` gives way to a waiting job with ``waiting_key``."""
         return victim_key > waiting_key

@@ -24,3 +24,11 @@ class ShortestRemainingTimeFirst(Policy):
         # ordered like the remaining time: the expected completion time (fixed while the speed is; with --network
         # the simulator re-pushes a job whose speed changes)
         return self.sim.expected_finish[j]  # type: ignore[union-attr]
+
+    # A job slowed by its placement or by contention (speed <= 1) has more time than work left, so the remaining
+    # time bounds the remaining work, and it is what the heap is ordered by: a slowed job at the top whose work
+    # does not qualify must not end the search for one below it whose work does.
+    bounded_running_key = True
+
+    def running_bound(self, j: int, now: float) -> float:
+        return self.sim.expected_finish[j] - now  # type: ignore[union-attr]

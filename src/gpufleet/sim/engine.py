@@ -441,22 +441,42 @@ class Simulator:
         return False
 
     def _victims_heap(self, p: int, wkey: float, now: float):
-        """Running jobs of partition ``p`` worse than ``wkey``, worst first, popped lazily from the heap."""
+        """Running jobs of partition ``p`` worse than ``wkey``, worst first, popped lazily from the heap.
+
+        With a bounded key (SRTF: the heap is ordered by remaining time, the test is on remaining work) the
+        search stops at the first job whose bound does not qualify; jobs passed over on the way go back on the
+        heap when the search ends or is closed.
+        """
         h = self._running_heap[p]
         pol = self.policy
         hver = self._hver
         static = pol.static_running_key
-        while h:
-            entry = h[0]
-            j = entry[2]
-            if entry[3] != hver[j]:
+        bounded = pol.bounded_running_key
+        passed: list[tuple] = []
+        try:
+            while h:
+                entry = h[0]
+                j = entry[2]
+                if entry[3] != hver[j]:
+                    heapq.heappop(h)
+                    continue
+                if bounded:
+                    if not pol.should_preempt(pol.running_bound(j, now), wkey):
+                        return
+                    heapq.heappop(h)
+                    if not pol.should_preempt(pol.running_key(j, now), wkey):
+                        passed.append(entry)
+                        continue
+                    yield j, entry
+                    continue
+                key = -entry[0] if static else pol.running_key(j, now)
+                if not pol.should_preempt(key, wkey):
+                    return
                 heapq.heappop(h)
-                continue
-            key = -entry[0] if static else pol.running_key(j, now)
-            if not pol.should_preempt(key, wkey):
-                return
-            heapq.heappop(h)
-            yield j, entry  # never a protected job: those join the heap at their _UNPROTECT event
+                yield j, entry  # never a protected job: those join the heap at their _UNPROTECT event
+        finally:
+            for entry in passed:
+                heapq.heappush(h, entry)
 
     def _victims_scan(self, p: int, wkey: float, now: float):
         """Running jobs of partition ``p`` worse than ``wkey``, worst first, ranked by a vectorised scan."""
@@ -504,6 +524,7 @@ class Simulator:
                 if part.total_free + freed >= g:
                     break
             if part.total_free + freed < g:
+                gen.close()  # jobs a bounded search passed over go back on the heap
                 deficit = min(deficit, g - part.total_free - freed)
                 if not scan:
                     for _, entry in chosen:
@@ -518,6 +539,7 @@ class Simulator:
                     break
                 self._preempt(extra[0], now)
                 alloc = self.policy.place(j, p, part)
+            gen.close()
             if alloc is not None:
                 self._start(j, p, alloc, now)
                 return True
