@@ -198,21 +198,31 @@ def _draw_episodes(cfg: FleetConfig, rng: np.random.Generator, failures: pl.Data
         expected = sum(k.share * k.precursor_prob for k in FAILURE_KINDS if k.precursor == sig)
         n = rng.poisson(expected * per_gpu_hour * g * h * cfg.decoys.get(sig, 0.0))
         if sig == "thermal":  # a node-level event (a failing fan): every GPU of the node heats together
-            node = rng.integers(0, cfg.nodes, n)
-            gpus = (node[:, None] * cfg.gpus_per_node + np.arange(cfg.gpus_per_node)[None, :]).ravel()
-            reps = cfg.gpus_per_node
+            gpus, reps = _whole_nodes(rng.integers(0, cfg.nodes, n), cfg.gpus_per_node), cfg.gpus_per_node
         else:
             gpus, reps = rng.integers(0, g, n), 1
         med = float(np.mean([k.median_lead_h for k in FAILURE_KINDS if k.precursor == sig] or [24.0]))
         length = np.repeat(np.clip(rng.lognormal(math.log(med), 0.6, n), 6, 240).astype(np.int64), reps)
         start = np.repeat(rng.integers(-24, h, n), reps)
         inten = np.repeat(rng.lognormal(math.log(cfg.decoy_intensity), 0.5, n), reps)
-        ok = gpus < g
-        parts.append(pl.DataFrame({
-            "gpu": gpus[ok].astype(np.uint32), "start": start[ok], "end": (start + length)[ok],
-            "signature": [sig] * int(ok.sum()), "intensity": inten[ok], "true": [False] * int(ok.sum()),
-        }))
+        parts.append(_look_alikes(g, gpus, start, start + length, sig, inten))
     return pl.concat(parts, how="vertical_relaxed").sort("gpu", "start")
+
+
+def _whole_nodes(node: np.ndarray, gpus_per_node: int) -> np.ndarray:
+    """Every GPU of each node in ``node``, node by node (for node-level episodes)."""
+    return (node[:, None] * gpus_per_node + np.arange(gpus_per_node)[None, :]).ravel()
+
+
+def _look_alikes(g: int, gpus: np.ndarray, start: np.ndarray, end: np.ndarray, signature: str,
+                 intensity: np.ndarray) -> pl.DataFrame:
+    """Episodes on healthy GPUs (no failure follows), dropping GPUs past the fleet's last node."""
+    ok = gpus < g
+    n = int(ok.sum())
+    return pl.DataFrame({
+        "gpu": gpus[ok].astype(np.uint32), "start": start[ok].astype(np.int64), "end": end[ok].astype(np.int64),
+        "signature": [signature] * n, "intensity": intensity[ok].astype(np.float64), "true": [False] * n,
+    }, schema_overrides={"signature": pl.Utf8, "true": pl.Boolean})
 
 
 def _drift_episodes(cfg: FleetConfig, rng: np.random.Generator, weak: np.ndarray, bad_racks: np.ndarray
@@ -225,31 +235,21 @@ def _drift_episodes(cfg: FleetConfig, rng: np.random.Generator, weak: np.ndarray
     bad_nodes = np.flatnonzero(np.repeat(bad_racks, cfg.nodes_per_rack)[:cfg.nodes])
     if first < h and len(bad_nodes):
         n = rng.poisson(facts.CABLE_STORMS_PER_NODE_DAY * len(bad_nodes) * (h - first) / 24 * cfg.storm_scale)
-        node = rng.choice(bad_nodes, n)
-        gpus = (node[:, None] * gpn + np.arange(gpn)[None, :]).ravel()
+        gpus = _whole_nodes(rng.choice(bad_nodes, n), gpn)
         start = np.repeat(rng.integers(first, h, n), gpn)
         length = np.repeat(np.clip(rng.lognormal(math.log(48.0), 0.6, n), 6, 240).astype(np.int64), gpn)
         inten = np.repeat(rng.lognormal(math.log(cfg.decoy_intensity), 0.5, n), gpn)
-        ok = gpus < g
-        parts.append(pl.DataFrame({
-            "gpu": gpus[ok].astype(np.uint32), "start": start[ok], "end": (start + length)[ok],
-            "signature": ["pcie_storm"] * int(ok.sum()), "intensity": inten[ok], "true": [False] * int(ok.sum()),
-        }))
+        parts.append(_look_alikes(g, gpus, start, start + length, "pcie_storm", inten))
     weak_ids = np.flatnonzero(weak)
     n = rng.binomial(len(weak_ids), min(1.0, facts.AGING_LEAK_SHARE * cfg.aging_scale))
     if n:
         gpus = rng.choice(weak_ids, n, replace=False)
         start = (h * np.sqrt(rng.random(n))).astype(np.int64)  # hazard rising linearly in time
         length = np.clip(rng.lognormal(math.log(facts.AGING_LEAK_MEDIAN_H), 0.5, n), 48, 2 * h).astype(np.int64)
-        parts.append(pl.DataFrame({
-            "gpu": gpus.astype(np.uint32), "start": start, "end": start + length,
-            "signature": ["sbe_aging"] * n, "intensity": rng.lognormal(math.log(cfg.decoy_intensity), 0.5, n),
-            "true": [False] * n,
-        }))
-    if not parts:
-        return pl.DataFrame(schema={"gpu": pl.UInt32, "start": pl.Int64, "end": pl.Int64, "signature": pl.Utf8,
-                                    "intensity": pl.Float64, "true": pl.Boolean})
-    return pl.concat(parts, how="vertical_relaxed")
+        inten = rng.lognormal(math.log(cfg.decoy_intensity), 0.5, n)
+        parts.append(_look_alikes(g, gpus, start, start + length, "sbe_aging", inten))
+    empty = np.zeros(0, dtype=np.int64)
+    return pl.concat(parts or [_look_alikes(g, empty, empty, empty, "", np.zeros(0))], how="vertical_relaxed")
 
 
 # --------------------------------------------------------------------------------------------- telemetry

@@ -460,19 +460,14 @@ class Simulator:
                 if entry[3] != hver[j]:
                     heapq.heappop(h)
                     continue
-                if bounded:
-                    if not pol.should_preempt(pol.running_bound(j, now), wkey):
-                        return
-                    heapq.heappop(h)
-                    if not pol.should_preempt(pol.running_key(j, now), wkey):
-                        passed.append(entry)
-                        continue
-                    yield j, entry
-                    continue
-                key = -entry[0] if static else pol.running_key(j, now)
-                if not pol.should_preempt(key, wkey):
+                # running_bound is running_key unless the policy bounds it; a static key is the heap key itself
+                bound = -entry[0] if static and not bounded else pol.running_bound(j, now)
+                if not pol.should_preempt(bound, wkey):
                     return
                 heapq.heappop(h)
+                if bounded and not pol.should_preempt(pol.running_key(j, now), wkey):
+                    passed.append(entry)
+                    continue
                 yield j, entry  # never a protected job: those join the heap at their _UNPROTECT event
         finally:
             for entry in passed:
