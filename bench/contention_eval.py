@@ -33,8 +33,8 @@ POLICIES = ["las", "srtf", "tiresias", "contention", "random", "las-spread", "sr
 console = Console()
 
 
-def calibration(folder: Path) -> None:
-    data = load_deepshare(folder)
+def calibration(folder: Path | None) -> None:
+    data = load_deepshare(folder)  # None: the tables shipped in the wheel
     table = Table(title="contention model vs DeepShare's measured co-location ratios (30 % of cells held back)",
                   header_style="bold")
     for col in ("split seed", "train MAE", "held-back MAE", "held-back worst", "constant-mean MAE", "bar 0.08"):
@@ -129,13 +129,13 @@ def mixes_vs_contention(seeds: int, model: str | None) -> None:
 def philly(policies: list[str], repeat: int) -> None:
     """Each --network run ``repeat`` times: the median wall time is the figure (this shared 2-core VM swings
     one run by up to 20 %), the slowest is shown beside it."""
-    from gpufleet.cli import _with_comm_profiles
+    from gpufleet.perf.comm_profiles import with_comm_profiles
     from gpufleet.sim.config import SimConfig
     from gpufleet.sim.run import RunSpec, run_one
     from gpufleet.spec import load_cluster
     from gpufleet.traces import load_trace
 
-    jobs = _with_comm_profiles(load_trace("philly").jobs, None)
+    jobs = with_comm_profiles(load_trace("philly").jobs, None)
     spec = load_cluster(None)
     table = Table(title=f"whole Philly trace ({jobs.height:,} jobs, default cluster): --network vs without",
                   header_style="bold")
@@ -159,8 +159,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", help="rl model zip (default: the shipped one)")
     ap.add_argument("--seeds", type=int, default=5)
-    ap.add_argument("--data", type=Path, default=Path(__file__).resolve().parents[1].parent / "shared" / "data"
-                    / "contention")
+    ap.add_argument("--data", type=Path, default=None,
+                    help="folder of DeepShare's tables (default: the copy shipped with gpufleet)")
     ap.add_argument("--skip-philly", action="store_true")
     ap.add_argument("--philly-repeat", type=int, default=3, help="--network runs per policy (median reported)")
     ap.add_argument("--skip-64", action="store_true")

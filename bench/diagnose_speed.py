@@ -1,6 +1,6 @@
 """Speed and agreement of gpufleet's GPU-time analyses against Holistic Trace Analysis (HTA) on real traces.
 
-Builds a job of ``--ranks`` traces from the real 2-rank Kineto traces in ``../shared/data/kineto`` (rank r is a
+Builds a job of ``--ranks`` traces from the real 2-rank Kineto traces in ``tests/data/kineto`` (rank r is a
 copy of source rank r mod 2 with ``distributedInfo.rank`` rewritten; nothing is shifted or jittered), optionally
 makes each trace ``--repeat`` K times longer by appending K−1 copies of its events shifted in time by whole trace
 lengths (with correlation / External ids and ``ProfilerStep#N`` numbers offset so that they stay unique), then
@@ -38,7 +38,7 @@ from typing import Any
 import orjson
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared" / "data" / "kineto"
+KINETO = ROOT / "tests" / "data" / "kineto"  # HTA's test traces, copied into the repository
 SOURCES = ["trace_filter__sampled_rank-0.json.gz", "trace_filter__sampled_rank-1.json.gz"]
 STAGES = ["load", "temporal breakdown", "overlap", "straggler"]
 _STEP = re.compile(r"^(ProfilerStep\s*#\s*)(\d+)$")
@@ -102,7 +102,7 @@ def _write(path: Path, doc: dict[str, Any], rank: int, events: list[dict[str, An
 
 def build_job(folder: Path, ranks: int, repeat: int) -> dict[str, Any]:
     """Write the scaled job into ``folder``; returns a description of what was written."""
-    docs = [_load(SHARED / s) for s in SOURCES]
+    docs = [_load(KINETO / s) for s in SOURCES]
     extents = [_extent(d) for d in docs]
     period = max(end for _, end in extents) - min(start for start, _ in extents) + 1000  # same shift on all ranks
     events = [_repeated(d, repeat, period) if repeat > 1 else d["traceEvents"] for d in docs]
@@ -212,8 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=1, help="copies of each trace's events, shifted in time")
     parser.add_argument("--runs", type=int, default=3, help="timed runs of each tool (median reported)")
     args = parser.parse_args(argv)
-    if not all((SHARED / s).is_file() for s in SOURCES):
-        print(f"the real traces are missing from {SHARED}", file=sys.stderr)
+    if not all((KINETO / s).is_file() for s in SOURCES):
+        print(f"the real traces are missing from {KINETO}", file=sys.stderr)
         return 2
 
     logging.getLogger("hta").setLevel(logging.ERROR)

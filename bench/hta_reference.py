@@ -1,12 +1,12 @@
 """Reference figures from Holistic Trace Analysis (HTA) for ``tests/diagnose/test_gpu_time.py``.
 
-Runs HTA's ``TraceAnalysis`` on the real Kineto traces in ``../shared/data/kineto`` (each job in a folder of its
+Runs HTA's ``TraceAnalysis`` on the real Kineto traces in ``tests/data/kineto`` (each job in a folder of its
 own, since HTA takes one folder per job) and writes what its temporal breakdown, communication/computation
 overlap and late-start straggler analysis report, plus the per-rank metric behind the stragglers, to
 ``tests/diagnose/data/hta_reference.json``. An analysis that HTA cannot run on a trace is recorded with its error.
 
     pip install HolisticTraceAnalysis==0.5.0 psutil
-    python bench/hta_reference.py [--shared ../shared/data/kineto] [--out tests/diagnose/data/hta_reference.json]
+    python bench/hta_reference.py [--traces tests/data/kineto] [--out tests/diagnose/data/hta_reference.json]
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_SHARED = ROOT.parent / "shared" / "data" / "kineto"
+DEFAULT_TRACES = ROOT / "tests" / "data" / "kineto"
 DEFAULT_OUT = ROOT / "tests" / "diagnose" / "data" / "hta_reference.json"
 
 _SAMPLED = ["trace_filter__sampled_rank-0.json.gz", "trace_filter__sampled_rank-1.json.gz"]
-#: case -> (its trace files in the shared folder, one per rank; HTA's include_last_profiler_step)
+#: case -> (its trace files in the traces folder, one per rank; HTA's include_last_profiler_step)
 CASES: dict[str, tuple[list[str], bool]] = {
     "sampled_2rank": (_SAMPLED, False),
     "sampled_2rank_last_step": (_SAMPLED, True),
@@ -100,7 +100,7 @@ def reference_for(folder: Path, include_last_step: bool = False) -> dict[str, An
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shared", type=Path, default=DEFAULT_SHARED, help="folder of the shared Kineto traces")
+    parser.add_argument("--traces", type=Path, default=DEFAULT_TRACES, help="folder of the real Kineto traces")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
 
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         "cases": {},
     }
     for case, (files, include_last_step) in CASES.items():
-        paths = [args.shared / f for f in files]
+        paths = [args.traces / f for f in files]
         if not all(p.is_file() for p in paths):
             print(f"{case}: skipped, missing {[str(p) for p in paths if not p.is_file()]}", file=sys.stderr)
             continue

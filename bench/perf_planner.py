@@ -13,7 +13,7 @@ from gpufleet.errors import ConfigError
 from gpufleet.perf.flops import RECOMPUTE_MODES
 from gpufleet.perf.ground_truth import read_cases
 from gpufleet.perf.hetero import plan_hetero
-from gpufleet.perf.model import load_model
+from gpufleet.perf.model_spec import load_model
 from gpufleet.perf.options import Layout, TrainOptions
 from gpufleet.perf.planner import _candidates, _valid, plan_layouts
 from gpufleet.perf.step import estimate_step

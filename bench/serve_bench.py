@@ -18,8 +18,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from gpufleet.cli_serve import print_serve_bench
 from gpufleet.serve.bench import POPULARITIES, PUNICA_BAR, ServeBenchConfig, WorkloadConfig, bar_rows, run_serve_bench
+from gpufleet.serve.bench_table import serve_bench_table
 
 console = Console(width=160)
 
@@ -42,7 +42,7 @@ def main() -> None:
     t0 = time.perf_counter()
     results = run_serve_bench(config, log=lambda msg: console.log(msg))
     wall = time.perf_counter() - t0
-    print_serve_bench(results)
+    console.print(serve_bench_table(results))
 
     bar = Table(title=f"the bar (Distinct): >= {PUNICA_BAR['per_adapter_speedup']:g}x per-adapter, base-only "
                       f"within {PUNICA_BAR['base_only_slowdown']:g}x", header_style="bold")

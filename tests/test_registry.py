@@ -77,3 +77,85 @@ def test_custom_listing_empty_hint_and_default_error() -> None:
     plain: Registry[Widget] = Registry("gadget")
     with pytest.raises(GpufleetError, match="available gadgets: none"):
         plain.get("x")
+
+
+def _package(tmp_path, monkeypatch, name: str, modules: dict[str, str]) -> None:
+    """A throwaway package ``name`` on sys.path holding ``modules`` (file name -> source)."""
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "__init__.py").write_text("")
+    for module, source in modules.items():
+        (folder / f"{module}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+
+def test_package_modules_are_discovered_on_first_lookup_and_missing_extras_skipped(tmp_path, monkeypatch) -> None:
+    import sys
+
+    reg = make_registry(package="toyplugins", optional=("no_such_extra_pkg",))
+    monkeypatch.setitem(sys.modules, "toy_registry_holder", type(sys)("toy_registry_holder"))
+    sys.modules["toy_registry_holder"].REG = reg  # type: ignore[attr-defined]
+    decorate = (
+        "from toy_registry_holder import REG\n\n@REG.register('{0}')\nclass W:\n    '''{0} widget.\n\n    more'''\n"
+    )
+    _package(tmp_path, monkeypatch, "toyplugins", {
+        "alpha": decorate.format("alpha"),
+        "beta": decorate.format("beta"),
+        "needs_extra": "import no_such_extra_pkg\n" + decorate.format("extra"),
+    })
+    assert reg.names() == ["alpha", "beta"]
+    assert reg.summaries() == {"alpha": "alpha widget.", "beta": "beta widget."}
+    assert reg.help_text() == "alpha: alpha widget.; beta: beta widget."
+
+
+def test_a_module_failing_for_another_reason_is_not_hidden(tmp_path, monkeypatch) -> None:
+    _package(tmp_path, monkeypatch, "brokenplugins", {"bad": "import no_such_module_at_all\n"})
+    with pytest.raises(ImportError):
+        make_registry(package="brokenplugins").names()
+
+
+def test_create_rejects_options_the_factory_does_not_take_in_one_line() -> None:
+    reg = make_registry()
+    reg.register("w")(Widget)
+    with pytest.raises(ConfigError, match=r"^widget 'w' takes no option\(s\) colour; its options are: size$"):
+        reg.create("w", colour="red")
+
+
+def test_suggest_names_the_closest_entry() -> None:
+    reg = make_registry(suggest=True, listing="Available")
+    reg.register("fifo")(Widget)
+    with pytest.raises(ConfigError, match=r"^unknown widget 'fifoo'\. Did you mean 'fifo'\? Available: fifo$"):
+        reg.get("fifoo")
+
+
+def test_detect_prefers_a_sniffing_reader_then_the_suffix_then_content_only_readers(tmp_path) -> None:
+    reg = make_registry()
+
+    class Plain(Widget):
+        suffixes = (".csv",)
+
+    class Special(Widget):
+        suffixes = (".csv",)
+
+        @classmethod
+        def sniff(cls, path):
+            return path.read_text().startswith("special")
+
+    class Content(Widget):
+        @classmethod
+        def sniff(cls, path):
+            return path.read_text().startswith("#")
+
+    for name, cls in (("plain", Plain), ("special", Special), ("content", Content)):
+        reg.register(name)(cls)
+    for file, text, expected in (("a.csv", "special,x", "special"), ("b.csv", "x,y", "plain"),
+                                 ("c.txt", "# hi", "content"), ("d.txt", "hi", "fallback")):
+        (tmp_path / file).write_text(text)
+        assert reg.detect(tmp_path / file, fallback="fallback") == expected
+
+
+def test_added_registers_for_a_block_only() -> None:
+    reg = make_registry()
+    with reg.added("temp", Widget):
+        assert "temp" in reg
+    assert "temp" not in reg

@@ -4,15 +4,13 @@ the saved model, the HTML report and one-line errors."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from cli_helpers import run_main
 
-from gpufleet.perf.contention import DEEPSHARE_MODELS, ContentionModel
+from gpufleet.perf.contention import DEEPSHARE_MODELS, ContentionModel, default_deepshare_folder
 
-DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "contention"
-pytestmark = pytest.mark.skipif(not DATA.is_dir(), reason=f"DeepShare's tables are not at {DATA}")
+DATA = default_deepshare_folder()  # the copy shipped in the wheel
 
 
 def fit_json(monkeypatch, capsys, *extra: str) -> dict:
@@ -51,7 +49,18 @@ def test_fit_out_writes_a_loadable_model(monkeypatch, capsys, tmp_path):
     path = tmp_path / "model.json"
     fit_json(monkeypatch, capsys, "--out", str(path))
     model = ContentionModel.load(path)
-    assert model.to_dict() == ContentionModel.default().to_dict()  # the shipped model is the seed-0 cells fit
+    # the shipped model is the seed-0 cells fit; the optimiser stops at its tolerance, which moves the 4th digit
+    # between SciPy/BLAS builds, so the parameters agree to 0.2 % rather than bit for bit
+    fitted, shipped = model.to_dict(), ContentionModel.default().to_dict()
+    assert fitted.keys() == shipped.keys()
+    for key, value in shipped.items():
+        if isinstance(value, dict):
+            assert fitted[key].keys() == value.keys()
+            assert fitted[key] == pytest.approx(value, rel=2e-3, abs=1e-6), key
+        elif isinstance(value, float):
+            assert fitted[key] == pytest.approx(value, rel=2e-3), key
+        else:
+            assert fitted[key] == value, key
     code, stdout, _ = run_main(monkeypatch, capsys, "contention", "show", "--model", str(path), "--json")
     assert code in (0, None)
     pairs = json.loads(stdout)["pair_ratios"]
@@ -87,8 +96,15 @@ def test_errors_are_one_line(monkeypatch, capsys, tmp_path, args):
     assert "Traceback" not in stderr
 
 
-def test_missing_default_folder_says_where_to_get_it(monkeypatch, capsys, tmp_path):
+def test_default_folder_is_the_shipped_copy_from_any_directory(monkeypatch, capsys, tmp_path):
+    given = fit_json(monkeypatch, capsys)["summary"]
     monkeypatch.chdir(tmp_path)
-    code, _, stderr = run_main(monkeypatch, capsys, "contention", "fit")
+    code, stdout, stderr = run_main(monkeypatch, capsys, "contention", "fit", "--json")
+    assert code in (0, None), stderr
+    assert json.loads(stdout)["summary"] == given
+
+
+def test_missing_folder_says_where_to_get_the_tables(monkeypatch, capsys, tmp_path):
+    code, _, stderr = run_main(monkeypatch, capsys, "contention", "fit", str(tmp_path / "nowhere"))
     assert code == 2 and stderr.strip().count("\n") == 0
     assert "gajagajago/deepshare" in stderr

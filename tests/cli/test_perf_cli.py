@@ -11,7 +11,6 @@ from cli_helpers import run_main
 from typer.testing import CliRunner
 
 from gpufleet import cli
-from gpufleet.perf.ground_truth import default_ground_truth_path
 
 runner = CliRunner()
 
@@ -233,12 +232,8 @@ def test_plan_hetero_hook_calls_plan_hetero(tmp_path, monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------- validate, calibrate
-needs_table = pytest.mark.skipif(not default_ground_truth_path().exists(),
-                                 reason="shared published-measurement table not present")
-
-
-@needs_table
-def test_validate_json(tmp_path):
+def test_validate_json(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the shipped table is found from any directory
     out = tmp_path / "rows.csv"
     d = invoke("perf", "validate", "--json", "--csv", str(out))
     assert d["rows"] and all(r["error_pct"] >= 0 for r in d["rows"])
@@ -250,7 +245,6 @@ def test_validate_json(tmp_path):
     assert out.read_text().count("\n") == len(d["rows"]) + 1
 
 
-@needs_table
 def test_validate_table_output():
     res = runner.invoke(cli.app, ["perf", "validate"])
     assert res.exit_code == 0, res.output
@@ -258,7 +252,6 @@ def test_validate_table_output():
         assert needle in res.stdout
 
 
-@needs_table
 def test_calibrate_writes_a_loadable_file(tmp_path):
     from gpufleet.perf.efficiency import load_efficiency
 

@@ -7,14 +7,14 @@ import json
 import pytest
 from cli_helpers import run_main
 
-from gpufleet.sched.base import make_policy
+from gpufleet.sched.policy import make_policy
 
 pytest.importorskip("stable_baselines3")
 
 
 @pytest.fixture(scope="module")
 def heavy_mix(tmp_path_factory):
-    from gpufleet.traces.mixes import generate_mix
+    from gpufleet.sim.mixes import generate_mix
 
     path = tmp_path_factory.mktemp("mix") / "heavy.parquet"
     generate_mix("heavy", jobs=48, seed=3).write_parquet(path)

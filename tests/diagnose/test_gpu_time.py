@@ -4,19 +4,18 @@ Two kinds of test:
 
 - Validation against a real reference tool. ``data/hta_reference.json`` holds what Holistic Trace Analysis 0.5.0
   (PyPI ``HolisticTraceAnalysis==0.5.0``, with pandas 3.1.1 on Python 3.11) reports on the real Kineto traces in
-  ``../shared/data/kineto`` (a 2-rank slice of a 128-GPU job with NCCL SendRecv kernels, analysed without and with
+  ``tests/data/kineto`` (a 2-rank slice of a 128-GPU job with NCCL SendRecv kernels, analysed without and with
   its last ProfilerStep, and two single-rank benchmark traces); it was produced by ``python bench/hta_reference.py``,
   which runs ``TraceAnalysis(trace_dir=...)``, ``get_temporal_breakdown``, ``get_comm_comp_overlap``,
   ``get_potential_stragglers(num_candidates=1 and 2)`` and HTA's internal late-start metric. gpufleet's figures on
   the same traces must agree within 2 % (relative) for times and metrics, 0.5 percentage points for percentages,
-  and exactly for the chosen ranks. Skipped when the shared traces are absent.
+  and exactly for the chosen ranks.
 - Tiny hand-built event frames whose answers are obvious by construction, and hypothesis properties.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -47,14 +46,7 @@ from gpufleet.errors import DiagnoseError
 REFERENCE = json.loads((Path(__file__).parent / "data" / "hta_reference.json").read_text())
 
 
-def _shared_kineto() -> Path:
-    root = os.environ.get("GPUFLEET_SHARED")
-    if root:
-        return Path(root) / "data" / "kineto"
-    return Path(__file__).resolve().parents[3] / "shared" / "data" / "kineto"
-
-
-SHARED = _shared_kineto()
+KINETO = Path(__file__).resolve().parents[1] / "data" / "kineto"  # HTA's test traces (MIT), see ATTRIBUTION.md
 REL, PP = 0.02, 0.5
 
 
@@ -68,9 +60,7 @@ def case_events(tmp_path_factory: pytest.TempPathFactory):
 
     def get(case: str) -> pl.DataFrame:
         files = REFERENCE["cases"][case]["files"]
-        paths = [SHARED / f for f in files]
-        if not all(p.is_file() for p in paths):
-            pytest.skip(f"shared Kineto traces absent from {SHARED}")
+        paths = [KINETO / f for f in files]
         key = ",".join(files)
         if key not in cache:
             folder = tmp_path_factory.mktemp("job")

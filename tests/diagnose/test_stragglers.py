@@ -1,6 +1,6 @@
 """Straggler detection: the timings reader, NVRx-style scores, change points, and validation on Alibaba PAI jobs.
 
-The real-data tests read ``../shared/data/stragglers`` (next to the repository); the start steps they check were
+The real-data tests read the samples shipped in ``gpufleet/data/stragglers``; the start steps they check were
 found by reading the per-worker tables by eye (see docs/diagnose_stragglers.md), not by running the detector.
 """
 
@@ -16,12 +16,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import gpufleet
+from gpufleet.data import straggler_sample_path
 from gpufleet.diagnose.changepoint import Segment, bic_penalty, robust_sigma, segment_levels
 from gpufleet.diagnose.stragglers import StragglerReport, detect_stragglers, parse_columns, read_timings
-from gpufleet.errors import DiagnoseError
-
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "stragglers"
-needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"Alibaba PAI straggler data not found at {DATA}")
+from gpufleet.errors import ConfigError, DiagnoseError
 
 
 def _frame(M: np.ndarray, section: str = "step", first_step: int = 0) -> pl.DataFrame:
@@ -150,7 +149,7 @@ def test_parse_columns_errors() -> None:
     assert parse_columns(None) is None and parse_columns("  ") is None
     assert parse_columns("rank=worker,step=time,duration=batch_time_norm") == {
         "rank": "worker", "step": "time", "duration": "batch_time_norm"}
-    with pytest.raises(DiagnoseError, match="not KEY=COLUMN"):
+    with pytest.raises(DiagnoseError, match="malformed pair 'rank'"):
         parse_columns("rank")
     with pytest.raises(DiagnoseError, match="unknown key 'gpu'"):
         parse_columns("gpu=x")
@@ -371,19 +370,20 @@ def test_milliseconds_or_seconds_give_the_same_verdict() -> None:
 
 
 def _job(n: int) -> StragglerReport:
-    return detect_stragglers(read_timings(DATA / f"alibaba_pai_job_{n}_norm.csv"))
+    return detect_stragglers(read_timings(straggler_sample_path(n)))
 
 
-@needs_data
 def test_alibaba_reader_and_explicit_mapping_agree() -> None:
-    path = DATA / "alibaba_pai_job_1_norm.csv"
+    path = straggler_sample_path(1)
+    assert path.parent == Path(gpufleet.__file__).parent / "data" / "stragglers"  # shipped in the wheel
+    with pytest.raises(ConfigError, match="shipped jobs: \\(1, 2, 3, 4\\)"):
+        straggler_sample_path(5)
     auto = read_timings(path)
     explicit = read_timings(path, parse_columns("rank=worker,step=time,duration=batch_time_norm"))
     assert auto.equals(explicit)
     assert auto.height == 3000 and auto["rank"].n_unique() == 10 and auto["step"].n_unique() == 300
 
 
-@needs_data
 def test_alibaba_job1_worker6_emerges_mid_training() -> None:
     # By eye: worker 6 reads 413-430 up to step 1801, then 745, 745, 837, 851, 417, 1000, 551, 701, 549, 438,
     # 500, 500, 618, 566 at steps 1811-1941, and 388 at 1951 (the others stay at 380-503 throughout).
@@ -403,7 +403,6 @@ def test_alibaba_job1_worker6_emerges_mid_training() -> None:
     assert bump.height == 1 and abs(bump["start_step"].item() - 131) <= 10 and not bump["slow"].item()
 
 
-@needs_data
 def test_alibaba_job2_stable_heterogeneity_has_no_straggler() -> None:
     rep = _job(2)
     assert rep.stragglers.height == 0
@@ -411,7 +410,6 @@ def test_alibaba_job2_stable_heterogeneity_has_no_straggler() -> None:
     assert _row(rep, 5)["relative_score"] == pytest.approx(0.757, abs=0.01)
 
 
-@needs_data
 def test_alibaba_job3_four_workers_slow_down_near_the_end() -> None:
     # By eye: workers 6-9 run at 670-760 until ~2150, then climb to 830-1000 (6 and 7 from 2161-2171,
     # 8 from 2181, 9 from 2191, all fully slow by ~2300); workers 0-5 stay where they were.
@@ -424,7 +422,6 @@ def test_alibaba_job3_four_workers_slow_down_near_the_end() -> None:
     assert all(1.15 < _row(rep, r)["self_slowdown"] < 1.45 for r in (6, 7, 8, 9))
 
 
-@needs_data
 def test_alibaba_job4_persistent_and_escalating_stragglers() -> None:
     # By eye: workers 0, 5, 6, 7, 8 run at 180-300 against 56-68 for 1, 2, 3, 4, 9 the whole job; worker 4 starts
     # at ~120 and drops to 57 at step 1021-1031; workers 5 and 6 jump to 870-980 at 18711-18741.

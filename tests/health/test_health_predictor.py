@@ -11,7 +11,7 @@ import pytest
 
 from gpufleet.errors import HealthError
 from gpufleet.health import xid
-from gpufleet.health.api import failure_events, predicted_alerts
+from gpufleet.health.events import failure_events, predicted_alerts
 from gpufleet.health.features import FeatureConfig, candidate_instances
 from gpufleet.health.fleet_arrays import build_arrays
 from gpufleet.health.generator import FleetConfig, generate_fleet
@@ -49,7 +49,7 @@ def test_trained_metadata(fleet):
 
 def test_save_load_round_trip(fleet, tmp_path):
     _, arrays, pred, _ = fleet
-    path = pred.save(tmp_path / "sub" / "model.pkl")
+    path = pred.save(tmp_path / "sub" / "model.zip")
     back = Predictor.load(path)
     gpu, hour = candidate_instances(arrays, FC, 0, 10_000, every_h=24)
     np.testing.assert_array_equal(back.scores(arrays, gpu, hour), pred.scores(arrays, gpu, hour))
@@ -58,14 +58,14 @@ def test_save_load_round_trip(fleet, tmp_path):
 
 def test_load_rejects_bad_files(fleet, tmp_path):
     _, _, pred, _ = fleet
-    good = pred.save(tmp_path / "model.pkl").read_bytes()
-    truncated = tmp_path / "truncated.pkl"
+    good = pred.save(tmp_path / "model.zip").read_bytes()
+    truncated = tmp_path / "truncated.zip"
     truncated.write_bytes(good[: len(good) // 2])
     foreign = tmp_path / "foreign.pkl"
     foreign.write_bytes(pickle.dumps({"model": "gbdt"}))
     text = tmp_path / "notes.txt"
     text.write_text("not a model\n")
-    for path in (truncated, foreign, text, tmp_path / "missing.pkl"):
+    for path in (truncated, foreign, text, tmp_path / "missing.zip"):
         with pytest.raises(HealthError, match=path.name):
             Predictor.load(path)
 
@@ -74,9 +74,9 @@ def test_load_asks_to_retrain_a_model_with_older_features(fleet, tmp_path):
     _, _, pred, _ = fleet
     from dataclasses import replace
 
-    old = tmp_path / "old.pkl"
+    old = tmp_path / "old.pkl"  # older gpufleets wrote pickles: refused unopened, with the same fix
     old.write_bytes(pickle.dumps(replace(pred, format="gpufleet.health.predictor/1")))
-    with pytest.raises(HealthError, match=r"older gpufleet.*retrain"):
+    with pytest.raises(HealthError, match=r"older gpufleets wrote pickles.*retrain"):
         Predictor.load(old)
 
 
@@ -146,14 +146,14 @@ def test_failure_events_errors(tmp_path, fleet):
 
 def test_predicted_alerts_start_after_training_on_the_same_file(fleet, tmp_path):
     full, _, pred, _ = fleet
-    model = pred.save(tmp_path / "model.pkl")
+    model = pred.save(tmp_path / "model.zip")
     alerts = predicted_alerts(model, full)
     assert alerts.columns == ["gpu", "node", "time_s", "score"]
     assert alerts.height > 0 and (alerts["time_s"] >= TRAIN_END_H * 3600).all()
     # the same model on a file it was not trained on alerts from the first full window on
     other = Predictor(model=pred.model, model_name=pred.model_name, features=pred.features, bin_h=pred.bin_h,
                       budget=pred.budget, trained={**pred.trained, "source": "/elsewhere/fleet.parquet"})
-    alerts_other = predicted_alerts(other.save(tmp_path / "other.pkl"), full)
+    alerts_other = predicted_alerts(other.save(tmp_path / "other.zip"), full)
     assert alerts_other["time_s"].min() == FC.window_h * 3600.0
     # the alerts after the training end are the same rounds either way
     late = alerts_other.filter(pl.col("time_s") >= TRAIN_END_H * 3600)
@@ -161,10 +161,10 @@ def test_predicted_alerts_start_after_training_on_the_same_file(fleet, tmp_path)
 
 
 def test_predictor_horizon_is_what_simulate_drains_for(fleet, tmp_path):
-    from gpufleet.health.api import predictor_horizon_h
+    from gpufleet.health.events import predictor_horizon_h
 
     _, _, pred, _ = fleet
-    path = pred.save(tmp_path / "model.pkl")
+    path = pred.save(tmp_path / "model.zip")
     assert predictor_horizon_h(path) == float(FC.horizon_h)
     with pytest.raises(HealthError):
-        predictor_horizon_h(tmp_path / "missing.pkl")
+        predictor_horizon_h(tmp_path / "missing.zip")

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import datetime
+import json
 import os
+import pickle
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -193,3 +199,50 @@ def test_export_round_trip_and_bad_file(tmp_path: Path) -> None:
     torch.save({"format": "other"}, path)
     with pytest.raises(MetaError, match=r"model\.pt is not a gpufleet meta model"):
         load_exported(path)
+
+
+class WritesFile:
+    """Unpickling this calls ``open(path, "w")``: a payload that creates a file, as an attacker's would."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+
+    def __reduce__(self) -> tuple:
+        return (open, (self.path, "w"))
+
+
+def test_a_crafted_pickle_in_a_checkpoint_or_model_never_runs(two_steps, tmp_path: Path) -> None:
+    ckpt, emb = two_steps
+    marker = tmp_path / "ran"
+    # the control: unpickling the payload does create its file, so its absence below means it never ran
+    pickle.loads(pickle.dumps(WritesFile(tmp_path / "control"))).close()
+    assert (tmp_path / "control").exists()
+    step = ckpt / "step-00000002"
+    for name in ("dense.pt", "shard-0-of-1.pt"):
+        target = step / name
+        torch.save({"dense_state": WritesFile(marker), "optimizer_state": {}, "extra": {}}, target)
+        manifest = json.loads((step / "manifest.json").read_text())  # the manifest matches the crafted file
+        manifest["files"][name] = {"size": target.stat().st_size, "sha256": checkpoint._sha256(target)}
+        (step / "manifest.json").write_text(json.dumps(manifest))
+        with pytest.raises(MetaError, match=rf"{re.escape(name)} cannot be read \(UnpicklingError"):
+            load_checkpoint(step, embedding=ShardedEmbedding(NUM_ROWS, DIM))
+    exported = tmp_path / "model.pt"
+    exported.write_bytes(pickle.dumps({"format": "gpufleet-meta-model", "table": WritesFile(marker)}))
+    with pytest.raises(MetaError, match=r"model\.pt cannot be read \(UnpicklingError: Unsupported") as err:
+        load_exported(exported)
+    assert "\n" not in str(err.value) and "weights_only" not in str(err.value)
+    assert not marker.exists()
+    with pytest.raises(MetaError, match=r"checkpoint\['extra'\]\['when'\] is a datetime"):
+        save_checkpoint(ckpt, 3, embedding=emb, dense_state={}, optimizer_state={},
+                        extra={"when": datetime.datetime.now()})
+
+
+def test_meta_evaluate_refuses_a_crafted_model_in_one_line(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    evil = tmp_path / "model.pt"
+    evil.write_bytes(pickle.dumps(WritesFile(marker)))
+    res = subprocess.run([sys.executable, "-m", "gpufleet.cli", "meta", "evaluate", str(evil), str(tmp_path)],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert res.returncode != 0 and not marker.exists()
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {evil} cannot be read (UnpicklingError: Unsupported")

@@ -7,6 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from gpufleet.errors import MetaError  # noqa: E402
+from gpufleet.meta.dense import ModelConfig, build_model  # noqa: E402
 from gpufleet.meta.maml import (  # noqa: E402
     MamlConfig,
     adapted_logits,
@@ -15,7 +16,6 @@ from gpufleet.meta.maml import (  # noqa: E402
     task_losses,
     task_losses_vmap,
 )
-from gpufleet.meta.model import ModelConfig, build_model  # noqa: E402
 
 T, S, Q, F, D, U, DIM = 5, 6, 7, 4, 3, 30, 8
 

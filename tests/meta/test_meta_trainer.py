@@ -95,7 +95,7 @@ def test_naive_baseline_trains_the_same_model(tasks, tmp_path):
 def test_a_rank_that_dies_leaves_a_checkpoint_that_resumes_on_fewer_ranks(tasks, tmp_path):
     ckpt = tmp_path / "ckpt"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           "-m", "gpufleet.meta.train", str(tasks), "--epochs", "10", "--tasks-per-step", "8",
+           "-m", "gpufleet.meta.worker", str(tasks), "--epochs", "10", "--tasks-per-step", "8",
            "--max-steps", str(STEPS), "--emb-dim", "8", "--bottom", "16", "--top", "16", "--inner-lr", "0.3",
            "--seed", "1", "--checkpoint-dir", str(ckpt), "--checkpoint-every", "4", "--die-at-step", "7",
            "--die-rank", "1", "-o", str(tmp_path / "never.pt")]
@@ -114,7 +114,7 @@ def test_a_rank_that_dies_leaves_a_checkpoint_that_resumes_on_fewer_ranks(tasks,
 
 
 def test_train_entry_point_reports_a_bad_folder_in_one_line(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "gpufleet.meta.train", str(tmp_path / "missing")],
+    done = subprocess.run([sys.executable, "-m", "gpufleet.meta.worker", str(tmp_path / "missing")],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert done.stderr.startswith("error:") and "missing" in done.stderr and "Traceback" not in done.stderr

@@ -20,7 +20,7 @@ from gpufleet.perf.comm_profiles import (
 )
 from gpufleet.perf.contention import DEEPSHARE_MODELS
 from gpufleet.perf.flops import param_count
-from gpufleet.perf.model import get_model
+from gpufleet.perf.model_spec import get_model
 
 
 @pytest.mark.parametrize(

@@ -9,25 +9,34 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import gpufleet
 from gpufleet.errors import ConfigError
 from gpufleet.perf.contention import (
     DEEPSHARE_MODELS,
     ContentionModel,
     DeepShareData,
+    default_deepshare_folder,
     fit_contention,
     load_deepshare,
     predicted_ratios,
     victim_type_mask,
 )
 
-DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "contention"
-pytestmark = pytest.mark.skipif(not DATA.is_dir(), reason=f"DeepShare's tables are not at {DATA}")
+DATA = default_deepshare_folder()  # DeepShare's tables as shipped in the wheel
 BAR = 0.08
 
 
 @pytest.fixture(scope="module")
 def data() -> DeepShareData:
     return load_deepshare(DATA)
+
+
+def test_shipped_tables_are_the_default_and_complete(data) -> None:
+    assert DATA.parent == Path(gpufleet.__file__).parent / "data"
+    default = load_deepshare()
+    assert default.keys == data.keys and np.array_equal(default.ratios, data.ratios)
+    assert len(data.keys) == 36 and data.ratios.shape == (36, 36)
+    assert (DATA / "LICENSE.DeepShare").read_text().lstrip().startswith("Apache License")
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +104,8 @@ def test_default_model_is_the_seed0_fit(fit0, data):
     assert default.models == list(DEEPSHARE_MODELS)
     pred = predicted_ratios(default, data.keys)
     held = ~fit0.train_mask
-    assert float(np.abs(pred - data.ratios)[held].mean()) == pytest.approx(fit0.test_mae, abs=1e-9)
+    # the optimiser's stopping point moves between SciPy/BLAS builds by ~1e-9 in MAE; a refit would move it far more
+    assert float(np.abs(pred - data.ratios)[held].mean()) == pytest.approx(fit0.test_mae, abs=1e-6)
 
 
 @pytest.mark.parametrize("model", [pytest.param("fit", id="fit"), pytest.param("default", id="default")])

@@ -17,7 +17,7 @@ from gpufleet.perf.flops import (
     param_count,
     params_per_layer,
 )
-from gpufleet.perf.model import get_model, load_model
+from gpufleet.perf.model_spec import get_model, load_model
 
 GPT_SHAPES = ["gpt-22b", "gpt3-175b", "gpt-1t"]
 

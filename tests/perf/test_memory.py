@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from gpufleet.perf.memory import activation_bytes_per_token_layer, state_bytes_per_param
-from gpufleet.perf.model import get_model, load_model
+from gpufleet.perf.model_spec import get_model, load_model
 
 NONE, SELECTIVE, FULL = 0, 1, 2
 

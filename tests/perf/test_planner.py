@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
+import gpufleet
 from gpufleet.errors import ConfigError
 from gpufleet.perf.ground_truth import default_ground_truth_path, read_cases
 from gpufleet.perf.hetero import plan_hetero
 from gpufleet.perf.jobspeed import JobSpeedModel
-from gpufleet.perf.model import get_model
+from gpufleet.perf.model_spec import get_model
 from gpufleet.perf.options import Layout
 from gpufleet.perf.planner import plan_layouts
 from gpufleet.perf.step import estimate_step
@@ -95,9 +98,9 @@ def test_job_speed_drops_when_spread_and_caches() -> None:
     assert speed.cache_info().hits >= before + 2
 
 
-@pytest.mark.skipif(not default_ground_truth_path().exists(), reason="../shared/data/perf_ground_truth.csv absent")
 def test_validation_reads_the_published_table_and_stays_close() -> None:
-    cases, skipped = read_cases()
+    assert default_ground_truth_path() == Path(gpufleet.__file__).parent / "data" / "perf_ground_truth.csv"
+    cases, skipped = read_cases()  # the table shipped in the wheel
     assert len(cases) >= 36 and {s.reason for s in skipped}
     table = validate_cases(cases)
     summary = {r["subset"]: r for r in error_summary(table).iter_rows(named=True)}

@@ -13,7 +13,7 @@ import pytest
 from gpufleet.errors import ConfigError
 from gpufleet.perf.efficiency import Efficiency, default_efficiency
 from gpufleet.perf.flops import hardware_flops_per_step, model_flops_per_step, param_count, params_per_layer
-from gpufleet.perf.model import get_model
+from gpufleet.perf.model_spec import get_model
 from gpufleet.perf.options import Layout, TrainOptions
 from gpufleet.perf.step import BREAKDOWN_KEYS, estimate_step, evaluate, layout_problems
 from gpufleet.perf.system import System

@@ -12,7 +12,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from gpufleet.report.sim_report import write_sim_report
+from gpufleet.report.sim_report import gpu_utilisation, write_sim_report
 from gpufleet.sim.result import JOB_RESULT_COLUMNS, TIMELINE_COLUMNS, SimResult
 
 POLICIES = ("fifo", "sjf", "aryl")
@@ -192,3 +192,16 @@ def test_import_is_light() -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
     assert out.stdout.strip() == "[]"
+
+
+def test_utilisation_counts_loaned_gpus_as_capacity() -> None:
+    """An Aryl run with 8 GPUs busy on loaned servers beyond a 16-GPU training pool stays at or below 100 %."""
+    result = make_result("aryl", total_gpus=16)
+    result.timeline = pl.DataFrame({"time_s": [0.0, 10.0, 20.0], "busy_gpus": [8, 24, 16],
+                                    "queued_jobs": [0, 0, 0], "loaned_gpus": [0, 8, 8]})
+    assert gpu_utilisation(result).tolist() == [0.5, 1.0, 16 / 24]
+    plain = make_result("fifo", total_gpus=16)
+    plain.timeline = result.timeline.drop("loaned_gpus")
+    assert gpu_utilisation(plain).tolist() == [0.5, 1.5, 1.0]  # no loan column: the training pool alone
+    plain.total_gpus = 0
+    assert gpu_utilisation(plain) is None

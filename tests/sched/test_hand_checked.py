@@ -6,7 +6,7 @@ import pytest
 from helpers import finish_times, simulate
 
 from gpufleet.errors import ConfigError
-from gpufleet.sched.base import available_policies, make_policy
+from gpufleet.sched.policy import available_policies, make_policy
 from gpufleet.sim.config import SimConfig
 
 # one node of 2 GPUs; (submit, duration, gpus)

@@ -49,7 +49,7 @@ def test_slots_follow_the_block_table_and_exhaustion_is_an_error():
 
 
 def test_decode_groups_cover_every_row_once_and_pad_at_most_twofold():
-    from gpufleet.serve.model import GROUP_FILL, decode_groups
+    from gpufleet.serve.lora_llama import GROUP_FILL, decode_groups
 
     lengths = [3, 40, 41, 7, 19, 2, 80, 39, 5]
     contexts = [torch.arange(100, 100 + n) for n in lengths]
@@ -67,9 +67,9 @@ def test_decode_groups_cover_every_row_once_and_pad_at_most_twofold():
 
 
 def test_grouped_decode_attention_gives_the_outputs_of_one_padded_table(monkeypatch):
-    import gpufleet.serve.model as model_module
+    import gpufleet.serve.lora_llama as model_module
     from gpufleet.serve.adapters import AdapterStore
-    from gpufleet.serve.engine import Engine, EngineConfig
+    from gpufleet.serve.continuous_batching import Engine, EngineConfig
     from gpufleet.serve.protocol import SamplingParams
     from gpufleet.serve.weights import load_model
 

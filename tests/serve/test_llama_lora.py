@@ -15,7 +15,7 @@ peft = pytest.importorskip("peft")
 from gpufleet.errors import ServeError  # noqa: E402
 from gpufleet.serve.adapters import AdapterStore, load_peft_adapter  # noqa: E402
 from gpufleet.serve.config import TINY_LLAMA  # noqa: E402
-from gpufleet.serve.engine import Engine, EngineConfig  # noqa: E402
+from gpufleet.serve.continuous_batching import Engine, EngineConfig  # noqa: E402
 from gpufleet.serve.protocol import SamplingParams, UnknownAdapterError  # noqa: E402
 from gpufleet.serve.weights import load_model, random_model, save_model  # noqa: E402
 

@@ -15,7 +15,7 @@ from gpufleet.serve.bench import (
     random_adapters,
     run_system,
 )
-from gpufleet.serve.engine import EngineConfig
+from gpufleet.serve.continuous_batching import EngineConfig
 from gpufleet.serve.weights import load_model
 
 

@@ -124,13 +124,13 @@ def test_simulate_inference_sources_batching_frees_servers():
     """`--inference punica` against `punica-per-adapter` on the default cluster: same traffic, fewer servers."""
     import numpy as np
 
-    from gpufleet import cli
+    from gpufleet.sim.inference_load import punica_load
     from gpufleet.spec import load_cluster
 
     spec = load_cluster(None)
     pool = sum(p.nodes for p in spec.inference_pools)
-    batched = cli._punica_load(spec, "punica", "diurnal", pool, 3 * 86400.0)
-    single = cli._punica_load(spec, "punica-per-adapter", "diurnal", pool, 3 * 86400.0)
+    batched = punica_load(spec, "punica", "diurnal", pool, 3 * 86400.0)
+    single = punica_load(spec, "punica-per-adapter", "diurnal", pool, 3 * 86400.0)
     grid = np.linspace(0, 3 * 86400.0 - 1, 500)
 
     def needed(load):

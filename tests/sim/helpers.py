@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from gpufleet.sched.base import make_policy
+from gpufleet.sched.policy import make_policy
 from gpufleet.sim.config import SimConfig
 from gpufleet.sim.engine import Simulator
 from gpufleet.sim.partition import Partition

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from elastic_helpers import ARYL_POLICIES, FREE, by_id, job_frame, simulate, step_load, two_pool
 
-from gpufleet.sched.base import make_policy
+from gpufleet.sched.policy import make_policy
 from gpufleet.sim.config import SimConfig
 from gpufleet.sim.elastic import ElasticSimulator
 from gpufleet.sim.elastic_jobs import ElasticConfig
@@ -305,10 +305,19 @@ def test_aryl_usage_by_hand():
 
 
 def test_gpu_util_stays_a_fraction_when_training_runs_on_loaned_servers():
-    # cli.py: "gpu_util is busy training GPUs over the training pool"; metrics.py: fractions are in [0, 1].
+    # cli/simulate.py: "gpu_util is busy training GPUs over the training pool"; metrics.py: fractions are in [0, 1].
     # Here 24 GPUs are busy (8 of them on a loaned T4 server) against a 16-GPU training pool.
     r = simulate("aryl-loan", job_frame(FULL), two_pool(), inference=step_load([0, 100], [2, 1]))
     assert 0.0 <= r.summary["gpu_util"] <= 1.0
+
+
+def test_loaned_gpus_is_the_capacity_training_gains_from_loans():
+    # the report divides busy GPUs by training pool + loaned_gpus: that share must stay within 100 %
+    r = simulate("aryl-loan", job_frame(FULL), two_pool(), inference=step_load([0, 100], [2, 1]))
+    tl = r.timeline
+    assert (tl["loaned_gpus"] == 8 * tl["loaned_servers"]).all() and tl["loaned_gpus"].max() == 8
+    assert (tl["busy_gpus"] <= r.total_gpus + tl["loaned_gpus"]).all()
+    assert tl["busy_gpus"].max() > r.total_gpus  # without the loaned GPUs the share would pass 100 %
 
 
 def test_reclaim_notice_never_loans_a_server_that_inference_still_needs():

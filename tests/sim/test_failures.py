@@ -17,7 +17,7 @@ from helpers import jobs_frame
 from typer.testing import CliRunner
 
 from gpufleet.errors import ConfigError
-from gpufleet.sched.base import make_policy
+from gpufleet.sched.policy import make_policy
 from gpufleet.sim.config import SimConfig
 from gpufleet.sim.engine import Simulator
 from gpufleet.sim.failure_run import comparison, run_failure_study
@@ -224,10 +224,10 @@ def test_cli_compares_policies_without_and_with_the_predictor(monkeypatch, tmp_p
     from gpufleet.cli import app
 
     try:
-        import gpufleet.health.api as api
+        import gpufleet.health.events as api
     except ImportError:  # the health side is not there yet: stand in for it
-        api = types.ModuleType("gpufleet.health.api")
-        monkeypatch.setitem(sys.modules, "gpufleet.health.api", api)
+        api = types.ModuleType("gpufleet.health.events")
+        monkeypatch.setitem(sys.modules, "gpufleet.health.events", api)
     seen: dict[str, object] = {}
 
     def fake_failures(path):
@@ -244,12 +244,12 @@ def test_cli_compares_policies_without_and_with_the_predictor(monkeypatch, tmp_p
     jobs_frame(SCENE).write_csv(trace)
     cluster = two_node_cluster(tmp_path)
     args = ["simulate", "--trace", str(trace), "--cluster", str(cluster), "--policy", "fifo,sjf",
-            "--failures", str(tmp_path / "fleet.parquet"), "--predictor", str(tmp_path / "model.pkl"),
+            "--failures", str(tmp_path / "fleet.parquet"), "--predictor", str(tmp_path / "model.zip"),
             "--repair-hours", "2", "--drain-hours", "2", "--no-progress"]
     res = CliRunner().invoke(app, [*args, "--json"])
     assert res.exit_code == 0, res.output
     rows = json.loads(res.stdout)
-    assert seen == {"fleet": str(tmp_path / "fleet.parquet"), "model": str(tmp_path / "model.pkl")}
+    assert seen == {"fleet": str(tmp_path / "fleet.parquet"), "model": str(tmp_path / "model.zip")}
     assert [(r["policy"], r["predictor"]) for r in rows] == [("fifo", False), ("fifo", True), ("sjf", False),
                                                              ("sjf", True)]
     fifo, fifo_pred = rows[0], rows[1]
@@ -257,7 +257,7 @@ def test_cli_compares_policies_without_and_with_the_predictor(monkeypatch, tmp_p
     assert fifo["job_interruptions"] == 1 and fifo["lost_gpu_hours_failures"] == pytest.approx(1460 * 8 / H)
     assert fifo_pred["job_interruptions"] == 0 and fifo_pred["avoided_failures"] == 1
     assert fifo_pred["drain_true"] == 1 and fifo_pred["false_alarm_gpu_hours"] == 0.0
-    table = CliRunner().invoke(app, args)
+    table = CliRunner().invoke(app, [*args, "--wide"])
     assert table.exit_code == 0, table.output
     assert "fifo+predictor" in table.stdout and "false-alarm GPU-h" in table.stdout
     bad = CliRunner().invoke(app, ["simulate", "--trace", str(trace), "--predictor", "m.pkl"])

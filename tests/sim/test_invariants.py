@@ -8,7 +8,7 @@ from helpers import jobs_frame
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpufleet.sched.base import make_policy
+from gpufleet.sched.policy import make_policy
 from gpufleet.sim.config import SimConfig
 from gpufleet.sim.engine import Simulator
 from gpufleet.sim.partition import Partition

@@ -7,8 +7,8 @@ import polars as pl
 import pytest
 
 from gpufleet.perf.contention import DEEPSHARE_MODELS, ContentionModel
-from gpufleet.sched.base import make_policy
 from gpufleet.sched.candidates import SLOTS, candidate_placements, spread_placement
+from gpufleet.sched.policy import make_policy
 from gpufleet.sim.config import SimConfig
 from gpufleet.sim.engine import Simulator
 from gpufleet.sim.network import JobComm, NetworkState, network_for

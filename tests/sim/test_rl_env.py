@@ -149,8 +149,8 @@ def test_jct_tail_reward_adds_the_p99_at_the_end() -> None:
 
 def test_evaluation_refuses_a_run_that_stalls_the_cluster(monkeypatch) -> None:
     """A policy that leaves jobs waiting forever must not score the JCT of only the jobs it finished."""
-    from gpufleet.sched import base
     from gpufleet.sched.fifo import Fifo
+    from gpufleet.sched.policy import POLICIES
     from gpufleet.sim.rl_train import eval_policies
 
     class HoldsBigJobs(Fifo):
@@ -159,21 +159,23 @@ def test_evaluation_refuses_a_run_that_stalls_the_cluster(monkeypatch) -> None:
         def place(self, j, p, part):
             return None if self.sim.gpus[j] >= 8 else super().place(j, p, part)
 
-    monkeypatch.setitem(base._REGISTRY, HoldsBigJobs.name, HoldsBigJobs)
-    assert len(eval_policies(_cluster(), ["srtf"], mix="heavy", seeds=[0], jobs=16)) == 1
-    with pytest.raises(ConfigError, match="stalled the cluster"):
-        eval_policies(_cluster(), [HoldsBigJobs.name], mix="heavy", seeds=[0], jobs=16)
+    with POLICIES.added(HoldsBigJobs.name, HoldsBigJobs):
+        assert len(eval_policies(_cluster(), ["srtf"], mix="heavy", seeds=[0], jobs=16)) == 1
+        with pytest.raises(ConfigError, match="stalled the cluster"):
+            eval_policies(_cluster(), [HoldsBigJobs.name], mix="heavy", seeds=[0], jobs=16)
 
 
 def test_numpy_actor_gives_the_torch_policy_probabilities() -> None:
-    """The shipped policy's NumPy fast path returns torch's action probabilities for any observation."""
+    """The shipped policy read as data (no unpickling) returns torch's action probabilities, bit for bit the
+    NumPy layers the policy ran before: decisions, and so every figure, are unchanged."""
     import torch
+    from sb3_contrib import MaskablePPO
 
-    from gpufleet.sched.rl import load_model, numpy_actor
+    from gpufleet.sched.rl import default_model_path, load_model
 
-    policy = load_model(None).policy
-    fast = numpy_actor(policy)
-    assert fast is not None
+    policy = MaskablePPO.load(str(default_model_path()), device="cpu").policy  # the trusted, shipped file
+    fast = load_model(None).probs
+    layers = [m for m in [*policy.mlp_extractor.policy_net, policy.action_net] if isinstance(m, torch.nn.Linear)]
     rng = np.random.default_rng(0)
     for scale in (0.1, 1.0, 10.0):
         obs = (rng.standard_normal((20, OBS_SIZE)) * scale).astype(np.float32)
@@ -182,18 +184,40 @@ def test_numpy_actor_gives_the_torch_policy_probabilities() -> None:
         got = np.stack([fast(o) for o in obs])
         assert got.shape == (20, N_ACTIONS)
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+        for o, g in zip(obs, got, strict=True):  # the float32 layer-by-layer recipe, exactly
+            x = o
+            for i, layer in enumerate(layers):
+                x = x @ layer.weight.detach().numpy().T.copy() + layer.bias.detach().numpy()
+                x = np.tanh(x) if i < len(layers) - 1 else x
+            x = x.astype(np.float64)
+            e = np.exp(x - x.max())
+            assert np.array_equal(g, e / e.sum())
 
 
-def test_numpy_actor_declines_a_network_it_cannot_copy() -> None:
-    """A policy whose actor has a layer the fast path does not know keeps the torch path."""
-    from torch import nn
+def test_rl_model_refuses_a_network_it_cannot_read(tmp_path) -> None:
+    """A zip whose actor is not a plain MLP is a one-line ConfigError, never a silent other network."""
+    import io
+    import zipfile
 
-    from gpufleet.sched.rl import load_model, numpy_actor
+    import torch
 
-    policy = load_model(None).policy
-    original = policy.mlp_extractor.policy_net
-    try:
-        policy.mlp_extractor.policy_net = nn.Sequential(*original, nn.LayerNorm(64))
-        assert numpy_actor(policy) is None
-    finally:
-        policy.mlp_extractor.policy_net = original
+    from gpufleet.sched.rl import default_model_path
+    from gpufleet.sched.rl_model import read_actor
+
+    with zipfile.ZipFile(default_model_path()) as zf:
+        members = {name: zf.read(name) for name in zf.namelist()}
+    state = torch.load(io.BytesIO(members["policy.pth"]), weights_only=True)
+    state["mlp_extractor.policy_net.4.weight"] = torch.ones(64)  # a LayerNorm after the last Tanh
+    state["mlp_extractor.policy_net.4.bias"] = torch.zeros(64)
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    bad = tmp_path / "layernorm.zip"
+    with zipfile.ZipFile(bad, "w") as zf:
+        for name, data in {**members, "policy.pth": buf.getvalue()}.items():
+            zf.writestr(name, data)
+    with pytest.raises(ConfigError, match=r"layernorm\.zip.*not a Linear layer"):
+        read_actor(bad)
+    text = tmp_path / "notes.zip"
+    text.write_text("not a zip\n")
+    with pytest.raises(ConfigError, match=r"notes\.zip: not a stable-baselines3 model zip"):
+        read_actor(text)

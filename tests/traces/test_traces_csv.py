@@ -64,7 +64,7 @@ def test_parse_columns_rejects_malformed(spec: str) -> None:
 
 
 def test_parse_columns_names_unknown_key() -> None:
-    with pytest.raises(TraceError, match=r"unknown column key 'when'.*submit"):
+    with pytest.raises(TraceError, match=r"unknown key 'when'.*submit"):
         parse_columns("when=a")
 
 

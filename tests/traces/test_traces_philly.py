@@ -11,7 +11,6 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from conftest import PHILLY_MD5
 from polars.testing import assert_frame_equal
 
 import gpufleet
@@ -21,8 +20,8 @@ from gpufleet.traces import CANONICAL_COLUMNS, POLARS_SCHEMA, bundled_trace_path
 ORIGIN = datetime(2017, 9, 4, 10, 30, 41)
 
 
-def test_shared_philly_is_the_published_file(shared_philly: Path) -> None:
-    assert hashlib.md5(shared_philly.read_bytes()).hexdigest() == PHILLY_MD5
+def test_unpacked_philly_is_the_published_file(published_philly: Path, philly_md5: str) -> None:
+    assert hashlib.md5(published_philly.read_bytes()).hexdigest() == philly_md5
 
 
 def test_philly_loads_every_job(philly_load) -> None:
@@ -77,32 +76,32 @@ def test_philly_gpu_time_is_duration_times_gpus(philly_load) -> None:
     assert (jobs["gpu_time"] == jobs["duration_s"] * jobs["num_gpus"]).all()
 
 
-def test_bundled_copy_is_the_shared_file(shared_philly: Path, philly_load) -> None:
+def test_bundled_copy_loads_like_the_published_file(philly_load, philly_md5: str) -> None:
     bundled = bundled_trace_path()
     assert bundled.parent == Path(gpufleet.__file__).parent / "data" / "traces"
     with gzip.open(bundled, "rb") as fh:
-        assert hashlib.md5(fh.read()).hexdigest() == PHILLY_MD5
+        assert hashlib.md5(fh.read()).hexdigest() == philly_md5
     load = load_trace("philly")
     assert load.source == "philly" and load.reader == "philly"
     assert load.origin == philly_load.origin
     assert_frame_equal(load.jobs, philly_load.jobs)
 
 
-def test_bundled_attribution_names_sources_and_licences() -> None:
+def test_bundled_attribution_names_sources_and_licences(philly_md5: str) -> None:
     text = (bundled_trace_path().parent / "ATTRIBUTION.md").read_text()
-    for needle in ("Jeon", "USENIX ATC 2019", "CC-BY-4.0", "petuum/adaptdl", "osdi21-artifact", PHILLY_MD5):
+    for needle in ("Jeon", "USENIX ATC 2019", "CC-BY-4.0", "petuum/adaptdl", "osdi21-artifact", philly_md5):
         assert needle in text
 
 
-def test_csv_reader_on_philly_matches_philly_reader(shared_philly: Path, philly_load) -> None:
+def test_csv_reader_on_philly_matches_philly_reader(published_philly: Path, philly_load) -> None:
     # The generic reader detects timestamp/cluster and names jobs "<file stem>-<row>": same result.
-    load = load_trace(shared_philly, reader="csv")
+    load = load_trace(published_philly, reader="csv")
     assert load.reader == "csv"
     assert_frame_equal(load.jobs, philly_load.jobs)
 
 
-def test_vc_filter(shared_philly: Path) -> None:
-    load = load_trace(shared_philly, vc="6214e9")
+def test_vc_filter(published_philly: Path) -> None:
+    load = load_trace(published_philly, vc="6214e9")
     assert load.jobs.height == 41_226
     assert load.jobs["vc"].unique().to_list() == ["6214e9"]
     assert load.rows_other_vcs == 82_247 - 41_226
@@ -112,11 +111,11 @@ def test_vc_filter(shared_philly: Path) -> None:
     assert load.origin is not None and load.origin >= ORIGIN
 
 
-def test_unknown_vc_lists_vcs_with_counts(shared_philly: Path) -> None:
+def test_unknown_vc_lists_vcs_with_counts(published_philly: Path) -> None:
     with pytest.raises(TraceError) as err:
-        load_trace(shared_philly, vc="nope")
+        load_trace(published_philly, vc="nope")
     message = str(err.value)
-    assert "nope" in message and str(shared_philly) in message
+    assert "nope" in message and str(published_philly) in message
     assert "6214e9 (41226)" in message and "11cb48 (16091)" in message
 
 

@@ -15,16 +15,21 @@ from typing import Any
 
 import polars as pl
 
-from gpufleet.diagnose import hang  # noqa: F401  (registers the hang localiser)
 from gpufleet.diagnose.findings import Finding, merge_findings
 from gpufleet.diagnose.kineto import TraceSet, read_folder
-from gpufleet.diagnose.localize import LOCALISERS, LocaliserContext, Thresholds
+from gpufleet.diagnose.localize import LOCALISERS, LocaliserContext, Thresholds, default_localisers
 from gpufleet.diagnose.summary import Timelines, build_timelines, call_sites, function_summary, per_step_functions
 from gpufleet.errors import DiagnoseError
 
-__all__ = ["DEFAULT_LOCALISERS", "Diagnosis", "TraceAnalyzer"]
+__all__ = ["Diagnosis", "TraceAnalyzer", "default_localisers"]
 
-DEFAULT_LOCALISERS = ("hang", "cross-rank", "extra-calls", "cross-step", "patterns")
+
+
+def __getattr__(name: str) -> Any:
+    """``DEFAULT_LOCALISERS``: the registered default localisers in run order (see ``default_localisers``)."""
+    if name == "DEFAULT_LOCALISERS":
+        return default_localisers()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass
@@ -99,11 +104,13 @@ class TraceAnalyzer:
             .sort("rank", "domain", "category")
         )
 
-    def diagnose(self, localisers: Sequence[str] = DEFAULT_LOCALISERS) -> Diagnosis:
-        """Run the localisers and rank their findings by time lost per step."""
+    def diagnose(self, localisers: Sequence[str] | None = None) -> Diagnosis:
+        """Run the localisers (None: every default one, in run order) and rank their findings by time lost per step."""
+        localisers = default_localisers() if localisers is None else localisers
         unknown = [name for name in localisers if name not in LOCALISERS]
         if unknown:
-            raise DiagnoseError(f"unknown localiser(s) {', '.join(unknown)}; choose from {', '.join(LOCALISERS)}")
+            known = ", ".join(LOCALISERS.names())
+            raise DiagnoseError(f"unknown localiser(s) {', '.join(unknown)}; choose from {known}")
         ctx = LocaliserContext(
             steps=self.per_step,
             spans=self.timelines.spans,

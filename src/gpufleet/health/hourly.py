@@ -10,7 +10,7 @@ import polars as pl
 from gpufleet.errors import HealthError
 from gpufleet.health.fields import canonical_name
 from gpufleet.health.fields import field as field_info
-from gpufleet.health.readers import KEY_COLUMNS, META_COLUMNS, TIME_DTYPE, XID_COLUMN, canonical_order
+from gpufleet.health.frame import KEY_COLUMNS, META_COLUMNS, TIME_DTYPE, XID_COLUMN, canonical_order
 from gpufleet.health.xid import normalize_pci_expr, severity_rank_expr
 
 

@@ -1,5 +1,8 @@
 """A trained failure predictor as one file: the model, its feature windows, its alert budget, a calibration.
 
+The file is a zip archive of JSON, safetensors arrays and LightGBM model text
+(:mod:`gpufleet.health.models.persist`): opening a model file from elsewhere never runs code from it.
+
 ``train_predictor`` fits a model on the most recent telemetry, as an operator would run it every period
 (sliding training in production). Before the final fit it holds out the last ``calibrate_days`` to learn
 how often a score turned out right (isotonic regression), so that ``predict`` can say "72 % likely to
@@ -8,8 +11,7 @@ fail within 48 h" rather than print a bare score.
 
 from __future__ import annotations
 
-import pickle
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -22,9 +24,12 @@ from gpufleet.health.features import FeatureConfig, build_samples, candidate_ins
 from gpufleet.health.fleet_arrays import FleetArrays
 from gpufleet.health.models.base import FailureModel, make_model
 from gpufleet.health.models.ensembles import DEFAULT_BUDGET, CascadeEnsemble, ParallelEnsemble, top_k_per_round
+from gpufleet.health.models.persist import load_file, save_file
 
-#: bumped whenever the feature columns change (2: the pcie_vs_node channel); an older file must be retrained
-_FORMAT = "gpufleet.health.predictor/2"
+#: bumped whenever the feature columns or the file layout change (2: the pcie_vs_node channel; 3: a data-only
+#: archive instead of a pickle); an older file must be retrained
+_FORMAT = "gpufleet.health.predictor/3"
+_WHAT = "gpufleet failure model"
 
 
 @dataclass
@@ -41,27 +46,32 @@ class Predictor:
     format: str = _FORMAT
 
     def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(pickle.dumps(self, protocol=pickle.HIGHEST_PROTOCOL))
-        return path
+        """Write the predictor as a data-only model archive at ``path`` (any name: ``model.zip`` by convention)."""
+        content = {"model_name": self.model_name, "features": asdict(self.features), "bin_h": self.bin_h,
+                   "budget": self.budget, "trained": self.trained, "calibration": self.calibration,
+                   "model": self.model}
+        return save_file(path, _FORMAT, content)
 
     @staticmethod
     def load(path: str | Path) -> Predictor:
+        """Read a file ``save`` wrote; HealthError naming the file for anything else (a pickle is never opened)."""
         path = Path(path)
-        if not path.exists():
+        if not path.is_file():
             raise HealthError(f"{path}: no such model file; write one with `gpufleet health train`")
+        c = load_file(path, _WHAT, lambda fmt: _check_format(path, fmt))
         try:
-            obj = pickle.loads(path.read_bytes())
-        except Exception as exc:  # a truncated or foreign pickle
-            raise HealthError(f"{path}: not a gpufleet failure model ({type(exc).__name__}: {exc})") from exc
-        older = str(getattr(obj, "format", "")).startswith("gpufleet.health.predictor/")
-        if isinstance(obj, Predictor) and older and obj.format != _FORMAT:
-            raise HealthError(f"{path}: a failure model from an older gpufleet ({obj.format}; this one reads "
-                              f"{_FORMAT}, whose features differ); retrain it with `gpufleet health train`")
-        if not isinstance(obj, Predictor) or getattr(obj, "format", None) != _FORMAT:
-            raise HealthError(f"{path}: not a gpufleet failure model; write one with `gpufleet health train`")
-        return obj
+            if not isinstance(c["model"], FailureModel):
+                raise TypeError(f"its model is a {type(c['model']).__name__}, not a failure model")
+            calibration = c["calibration"]
+            if calibration is not None:
+                x, y = calibration
+                calibration = (np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64))
+            return Predictor(model=c["model"], model_name=str(c["model_name"]), features=FeatureConfig(**c["features"]),
+                             bin_h=int(c["bin_h"]), budget=float(c["budget"]), trained=dict(c["trained"]),
+                             calibration=calibration)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise HealthError(f"{path}: not a valid {_WHAT} ({type(exc).__name__}: {exc}); write one with "
+                              "`gpufleet health train`") from None
 
     def probability(self, scores: np.ndarray) -> np.ndarray:
         """Calibrated probability of failure within the horizon (NaN without a calibration)."""
@@ -76,6 +86,20 @@ class Predictor:
             raise HealthError(f"telemetry binned at {arrays.bin_h} h but the model expects {self.bin_h} h")
         samples = build_samples(arrays, gpu, hour, self.features, with_labels=False)
         return np.asarray(self.model.score(samples), dtype=np.float64)
+
+
+def _check_format(path: Path, fmt: str) -> None:
+    """HealthError unless ``fmt`` is the format this gpufleet reads (an older one asks for retraining)."""
+    if fmt == _FORMAT:
+        return
+    prefix, _, version = fmt.rpartition("/")
+    if prefix == _FORMAT.rpartition("/")[0] and version.isdigit() and int(version) > int(_FORMAT.rpartition("/")[2]):
+        raise HealthError(f"{path}: a failure model from a newer gpufleet ({fmt}; this one reads {_FORMAT}); "
+                          "upgrade gpufleet or retrain it with this one")
+    if fmt.startswith("gpufleet.health.predictor/"):
+        raise HealthError(f"{path}: a failure model from an older gpufleet ({fmt}; this one reads {_FORMAT}, "
+                          "whose features differ); retrain it with `gpufleet health train`")
+    raise HealthError(f"{path}: not a {_WHAT} (format {fmt!r}); write one with `gpufleet health train`")
 
 
 def _fit(name: str, train: Any, budget: float, seed: int, torch_options: dict,

@@ -1,6 +1,6 @@
 """The meta-learning benchmark: this trainer against the naive distributed MAML, at 1, 2, 4 ... ranks.
 
-Every run is a real ``torchrun`` launch of ``gpufleet.meta.train`` (gloo on CPU, NCCL on a GPU machine), on the
+Every run is a real ``torchrun`` launch of ``gpufleet.meta.worker`` (gloo on CPU, NCCL on a GPU machine), on the
 same prepared tasks, the same model and the same hyper-parameters. Throughput comes from each run's own timing
 of its training loop (process start-up and imports excluded, and reported apart); accuracy from training to the
 end and scoring the cold-start users after k-shot adaptation.
@@ -42,12 +42,12 @@ class BenchConfig:
 
 
 def _launch(ranks: int, args: list[str], log: Callable[[str], None]) -> float:
-    """Run ``gpufleet.meta.train`` on ``ranks`` local processes; returns the wall time of the whole launch."""
+    """Run ``gpufleet.meta.worker`` on ``ranks`` local processes; returns the wall time of the whole launch."""
     if ranks == 1:
-        cmd = [sys.executable, "-m", "gpufleet.meta.train", *args]
+        cmd = [sys.executable, "-m", "gpufleet.meta.worker", *args]
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
-               "-m", "gpufleet.meta.train", *args]
+               "-m", "gpufleet.meta.worker", *args]
     threads = max(1, (os.cpu_count() or 1) // ranks)
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     start = time.perf_counter()

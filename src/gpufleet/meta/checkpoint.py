@@ -4,7 +4,8 @@ Layout of ``ckpt_dir``::
 
     step-00000120/                    a complete checkpoint (it has manifest.json)
         shard-{rank}-of-{world}.pt    global row ids, rows and Adagrad state of one rank
-        dense.pt                      dense model and optimizer state, extra (epoch, step, config, rng, ...)
+        dense.pt                      dense model and optimizer state, extra (epoch, step, config, rng, ...): tensors
+                                      and plain values only, read back with torch.load(weights_only=True)
         manifest.json                 written last: world, step, table shape, size and sha256 of every file
     LATEST                            name of the newest complete step directory (a hint, replaced atomically)
     tmp-step-00000130/                a save in progress or interrupted: ignored, removed by the next save
@@ -31,6 +32,7 @@ import torch.distributed as dist
 
 from gpufleet.errors import MetaError
 from gpufleet.meta.embedding import ShardedEmbedding
+from gpufleet.safeload import load_torch_weights, why_unreadable
 
 FORMAT = "gpufleet-meta-checkpoint"
 MODEL_FORMAT = "gpufleet-meta-model"
@@ -61,6 +63,8 @@ def save_checkpoint(ckpt_dir: str | Path, step: int, *, embedding: ShardedEmbedd
     """
     if keep < 1:
         raise MetaError(f"keep={keep}: a checkpoint directory must keep at least 1 checkpoint; pass keep >= 1")
+    payload = {"step": step, "dense_state": dense_state, "optimizer_state": optimizer_state, "extra": extra}
+    _check_plain(payload, "checkpoint")
     root = Path(ckpt_dir)
     tmp = root / f"tmp-{step_dir_name(step)}"
     if embedding.rank == 0:
@@ -68,13 +72,30 @@ def save_checkpoint(ckpt_dir: str | Path, step: int, *, embedding: ShardedEmbedd
     _barrier(embedding)
     _write_shard(tmp, embedding)
     if embedding.rank == 0:
-        payload = {"step": step, "dense_state": dense_state, "optimizer_state": optimizer_state, "extra": extra}
         _write_with_digest(tmp / DENSE, payload)
     _barrier(embedding)
     if embedding.rank == 0:
         _publish(root, tmp, step, embedding, keep)
     _barrier(embedding)
     return root / step_dir_name(step)
+
+
+_PLAIN = (str, int, float, bool, type(None), torch.Tensor, torch.Size, torch.dtype, torch.device)
+
+
+def _check_plain(value: Any, where: str) -> None:
+    """MetaError unless ``value`` holds only what ``torch.load(weights_only=True)`` reads back (tensors, numbers,
+    strings and containers of them): a checkpoint must load without unpickling arbitrary objects."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _check_plain(k, where)
+            _check_plain(v, f"{where}[{k!r}]")
+    elif isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            _check_plain(v, f"{where}[{i}]")
+    elif not isinstance(value, _PLAIN):
+        raise MetaError(f"{where} is a {type(value).__name__}: a checkpoint holds only tensors, numbers, strings and "
+                        "lists or dicts of them (convert it, e.g. with .tolist() or str())")
 
 
 def _barrier(embedding: ShardedEmbedding) -> None:
@@ -266,7 +287,7 @@ def load_checkpoint(path: str | Path, *, embedding: ShardedEmbedding,
         raise MetaError(f"{step_dir} lacks {int((~filled).sum())} of rank {embedding.rank}'s rows; the checkpoint "
                         "is incomplete: resume from an earlier one")
     _check_file(step_dir / DENSE, manifest["files"][DENSE], verify)
-    dense = _torch_load(step_dir / DENSE, weights_only=False)
+    dense = _torch_load(step_dir / DENSE)
     if not {"dense_state", "optimizer_state", "extra"} <= dense.keys():
         raise MetaError(f"{step_dir / DENSE} lacks dense_state, optimizer_state or extra; the file is corrupt: "
                         "resume from an earlier checkpoint")
@@ -293,7 +314,7 @@ def _check_shape(manifest_path: Path, manifest: dict[str, Any], embedding: Shard
 
 def _load_shard(path: Path, embedding: ShardedEmbedding, filled: torch.Tensor) -> None:
     """Copy the rows of one saved shard that this rank owns under the current world."""
-    data = _torch_load(path, weights_only=True, mmap=True)
+    data = _torch_load(path, mmap=True)
     ids, weight, acc = data.get("ids"), data.get("weight"), data.get("adagrad_sum")
     n = ids.shape[0] if isinstance(ids, torch.Tensor) and ids.dim() == 1 else -1
     shape = (n, embedding.dim)
@@ -308,13 +329,14 @@ def _load_shard(path: Path, embedding: ShardedEmbedding, filled: torch.Tensor) -
     filled[local] = True
 
 
-def _torch_load(path: Path, *, weights_only: bool, mmap: bool = False) -> dict[str, Any]:
+def _torch_load(path: Path, *, mmap: bool = False) -> dict[str, Any]:
+    """``torch.load`` of tensors and plain values only (``weights_only``): a file never runs code when read."""
     try:
-        data = torch.load(path, map_location="cpu", weights_only=weights_only, mmap=mmap)
+        data = load_torch_weights(path, mmap=mmap)
     except FileNotFoundError:
         raise MetaError(f"{path} is missing; resume from an earlier checkpoint") from None
     except Exception as exc:  # torch.load raises RuntimeError, UnpicklingError, EOFError, ... on bad files
-        raise MetaError(f"{path} cannot be read ({type(exc).__name__}: {exc}); the file is corrupt or not "
+        raise MetaError(f"{path} cannot be read ({why_unreadable(exc)}); the file is corrupt or not "
                         "written by gpufleet: resume from an earlier checkpoint or re-export") from None
     if not isinstance(data, dict):
         raise MetaError(f"{path} does not hold a dict; it was not written by gpufleet")
@@ -344,7 +366,7 @@ def export_model(path: str | Path, *, embedding: ShardedEmbedding, dense_state: 
 def load_exported(path: str | Path) -> dict[str, Any]:
     """Read ``export_model``'s file: ``{"table", "dense_state", "meta", "num_rows", "dim", ...}`` on CPU."""
     path = Path(path)
-    data = _torch_load(path, weights_only=True)
+    data = _torch_load(path)
     if data.get("format") != MODEL_FORMAT or not isinstance(data.get("table"), torch.Tensor):
         raise MetaError(f"{path} is not a gpufleet meta model (format {data.get('format')!r}); pass a file "
                         "written by export_model (the train command's exported model)")

@@ -16,10 +16,10 @@ import torch
 
 from gpufleet.errors import MetaError
 from gpufleet.meta.checkpoint import load_exported
+from gpufleet.meta.dense import ModelConfig, build_model
 from gpufleet.meta.loader import TaskStore
 from gpufleet.meta.maml import MamlConfig, adapted_logits, dense_params
 from gpufleet.meta.metrics import RankingScores, score_tasks
-from gpufleet.meta.model import ModelConfig, build_model
 from gpufleet.meta.schema import TaskBatch
 
 
@@ -41,7 +41,7 @@ class LoadedModel:
             maml = MamlConfig(**meta["maml"])
         except (KeyError, TypeError) as exc:
             raise MetaError(f"{path}: not a gpufleet meta model (missing {exc}); train one with "
-                            "`python -m gpufleet.meta.train`") from exc
+                            "`python -m gpufleet.meta.worker`") from exc
         model = build_model(config)
         model.load_state_dict(dense_state)
         model.eval()

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import polars as pl
 
+from gpufleet.colmap import parse_column_map
 from gpufleet.errors import MetaError
 
 ROLES = ("user", "item", "label", "time")
@@ -71,23 +72,10 @@ def parse_columns(text: str) -> dict[str, str]:
     """Parse ``"user=uid,item=ad_id,label=click,time=ts"`` into a column mapping, as ``--columns`` gives it.
 
     Keys are ``user``, ``item``, ``label``, ``time`` and the lists ``sparse``/``dense`` (``|``-separated columns).
+    Raises MetaError (:func:`gpufleet.colmap.parse_column_map`).
     """
-    if not text.strip():
-        raise MetaError(f"--columns is empty; give role=column pairs, e.g. '{_COLUMNS_EXAMPLE}'")
-    mapping: dict[str, str] = {}
-    for part in text.split(","):
-        key, sep, value = part.partition("=")
-        key, value = key.strip().lower(), value.strip()
-        if not sep or not key or not value:
-            raise MetaError(
-                f"--columns: malformed pair '{part.strip()}' in '{text}'; expected role=column pairs separated by "
-                f"commas, e.g. '{_COLUMNS_EXAMPLE}'"
-            )
-        _check_key(key)
-        if key in mapping:
-            raise MetaError(f"--columns: '{key}' is given twice in '{text}'; give it once")
-        mapping[key] = value
-    return mapping
+    return parse_column_map(text, keys=ROLES + LIST_ROLES, error=MetaError, example=_COLUMNS_EXAMPLE,
+                            pairs="role=column")
 
 
 def _check_key(key: str) -> None:

@@ -21,10 +21,10 @@ import torch
 from gpufleet.errors import MetaError
 from gpufleet.meta.checkpoint import export_model, latest_checkpoint, load_checkpoint, save_checkpoint
 from gpufleet.meta.comm import all_reduce_sum_, default_timer, world_and_rank
+from gpufleet.meta.dense import ModelConfig, build_model
 from gpufleet.meta.embedding import ShardedEmbedding
 from gpufleet.meta.loader import MetaLoader, TaskStore
 from gpufleet.meta.maml import MamlConfig, dense_params, task_losses
-from gpufleet.meta.model import ModelConfig, build_model
 from gpufleet.meta.schema import TaskBatch
 
 

@@ -49,6 +49,7 @@ __all__ = [
     "parse_mix",
     "profile_for_model",
     "profile_name",
+    "with_comm_profiles",
 ]
 
 #: Parameters of the model each DeepShare workload trained (``gajagajago/deepshare`` @ a704439,
@@ -148,7 +149,7 @@ def params_from_name(name: str) -> float | None:
 def _catalog_params(name: str) -> float | None:
     """Parameters of catalog model ``name`` (any accepted spelling), or None when not in the catalog."""
     from gpufleet.perf.flops import param_count
-    from gpufleet.perf.model import model_catalog
+    from gpufleet.perf.model_spec import model_catalog
 
     catalog = model_catalog()
     if name not in catalog:
@@ -269,3 +270,15 @@ def assign_profiles(jobs: pl.DataFrame, mix: Mapping[str, float] | None = None, 
     return jobs.drop([c for c in ("comm_profile", "comm_scale") if c in jobs.columns]).with_columns(
         out["comm_profile"], out["comm_scale"]
     )
+
+
+def with_comm_profiles(jobs: pl.DataFrame, comm_mix: str | None) -> pl.DataFrame:
+    """The jobs ready for the network model: unchanged when every job already has a profile (a ``comm_profile``
+    column, or a ``model`` column naming only DeepShare's models) and no mix is given; else :func:`assign_profiles`
+    with the mix text (``"FSDP=0.5,MoE=0.5"``, None for equal shares), seed 0."""
+    if "comm_profile" in jobs.columns and comm_mix is None:
+        return jobs
+    if "model" in jobs.columns and comm_mix is None and set(jobs["model"].drop_nulls().unique()) <= set(
+            DEEPSHARE_MODELS) and jobs["model"].null_count() == 0:
+        return jobs
+    return assign_profiles(jobs, parse_mix(comm_mix) if comm_mix else None, seed=0)

@@ -10,7 +10,7 @@ where ``s_A`` (sensitivity) is the share of A's iteration spent in exposed commu
 (intensity) is the share of time B keeps the link busy. Both are products of a per-model constant and a
 per-placement constant (GPUs, nodes), so the whole model has a few free constants: 2 x 6 models and
 2 x 6 placements for DeepShare's table. They are fitted to DeepShare's measured co-location matrix
-(``../shared/data/contention``, 18 job types on 4 x 8 TITAN Xp over 40 Gb/s InfiniBand).
+(shipped as ``gpufleet/data/contention``, 18 job types on 4 x 8 TITAN Xp over 40 Gb/s InfiniBand).
 
 On another NIC the communication share scales with the bandwidth ratio to the 40 Gb/s testbed (first
 order: the bytes stay, the time shrinks). Placements the table does not measure take the constants of the
@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from gpufleet.data import bundled_path
 from gpufleet.errors import ConfigError
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "ContentionModel",
     "FitReport",
     "Placement",
+    "default_deepshare_folder",
     "fit_contention",
     "load_deepshare",
     "predicted_ratios",
@@ -56,6 +58,10 @@ MAX_COMM_SHARE = 0.8
 #: A (gpus, nodes) placement.
 Placement = tuple[int, int]
 
+#: Where DeepShare's tables come from, for the error when a folder lacks them (the wheel ships a copy).
+DEEPSHARE_SOURCE = ("copy scheduler/jobs/isolated_thp.csv, shared_thp_ratio.csv and total_samples_trained.csv from "
+                    "https://github.com/gajagajago/deepshare (Apache-2.0), renamed with a 'deepshare_' prefix, "
+                    "or give no folder for the shipped copy")
 _DATA_FILES = {
     "isolated": "deepshare_isolated_thp.csv",
     "ratios": "deepshare_shared_thp_ratio.csv",
@@ -83,16 +89,21 @@ def _split_key(text: str, path: Path) -> tuple[str, int, int]:
         raise ConfigError(f"{path}: job-type key '{text}' has a non-integer GPU or node count") from exc
 
 
-def load_deepshare(folder: str | Path) -> DeepShareData:
-    """Read DeepShare's three CSV tables from ``folder`` (the layout of ``../shared/data/contention``)."""
+def default_deepshare_folder() -> Path:
+    """The folder of DeepShare's three tables shipped in the wheel (``gpufleet/data/contention``)."""
+    return bundled_path("contention")
+
+
+def load_deepshare(folder: str | Path | None = None) -> DeepShareData:
+    """Read DeepShare's three CSV tables from ``folder`` (``None``: the tables shipped in the wheel)."""
     import polars as pl
 
-    folder = Path(folder)
+    folder = Path(folder) if folder is not None else default_deepshare_folder()
     paths = {k: folder / v for k, v in _DATA_FILES.items()}
     missing = [str(p) for p in paths.values() if not p.is_file()]
     if missing:
         raise ConfigError(f"contention data missing: {', '.join(missing)} (expected DeepShare's tables "
-                          f"{', '.join(_DATA_FILES.values())} in {folder})")
+                          f"{', '.join(_DATA_FILES.values())} in {folder}); {DEEPSHARE_SOURCE}")
     iso = pl.read_csv(paths["isolated"])
     isolated = {_split_key(k, paths["isolated"]): float(v) for k, v in iso.iter_rows()}
     mat = pl.read_csv(paths["ratios"])

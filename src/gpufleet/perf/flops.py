@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from gpufleet.perf.model import ModelSpec
+from gpufleet.perf.model_spec import ModelSpec
 
 __all__ = [
     "RECOMPUTE_MODES",

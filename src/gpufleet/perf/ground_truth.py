@@ -17,8 +17,9 @@ from typing import Any
 
 import polars as pl
 
+from gpufleet.data import bundled_path
 from gpufleet.errors import SpecError
-from gpufleet.perf.model import ModelSpec, get_model
+from gpufleet.perf.model_spec import ModelSpec, get_model
 from gpufleet.perf.options import TrainOptions
 from gpufleet.perf.system import System
 
@@ -151,18 +152,8 @@ _CATALOG_NAMES = {
 
 
 def default_ground_truth_path() -> Path:
-    """``../shared/data/perf_ground_truth.csv`` beside the checkout, or ``$GPUFLEET_SHARED``/data."""
-    import os
-
-    root = os.environ.get("GPUFLEET_SHARED")
-    if root:
-        return Path(root) / "data" / "perf_ground_truth.csv"
-    here = Path(__file__).resolve()
-    for parent in here.parents:
-        candidate = parent.parent / "shared" / "data" / "perf_ground_truth.csv"
-        if candidate.exists():
-            return candidate
-    return Path.cwd().parent / "shared" / "data" / "perf_ground_truth.csv"
+    """The published-measurement table shipped in the wheel (``gpufleet/data/perf_ground_truth.csv``)."""
+    return bundled_path("perf_ground_truth.csv")
 
 
 def _int(value: str | None) -> int | None:
@@ -215,10 +206,10 @@ def _target(row: dict[str, str | None]) -> tuple[str, float] | None:
 
 
 def read_cases(path: str | Path | None = None) -> tuple[list[Case], list[Skipped]]:
-    """All predictable cases of the table at ``path`` (default: the shared reference table), and the rest."""
+    """All predictable cases of the table at ``path`` (``None``: the table shipped in the wheel), and the rest."""
     path = Path(path) if path else default_ground_truth_path()
-    if not path.exists():
-        raise SpecError(f"{path}: ground-truth table not found; pass --table or set GPUFLEET_SHARED")
+    if not path.is_file():
+        raise SpecError(f"{path}: ground-truth table not found; pass --table the published-measurement CSV")
     frame = pl.read_csv(path, infer_schema_length=0)
     cases: list[Case] = []
     skipped: list[Skipped] = []

@@ -29,7 +29,7 @@ import polars as pl
 from gpufleet.errors import ConfigError
 from gpufleet.perf.efficiency import Efficiency, default_efficiency
 from gpufleet.perf.flops import RECOMPUTE_MODES, model_flops_per_step, params_per_layer
-from gpufleet.perf.model import ModelSpec
+from gpufleet.perf.model_spec import ModelSpec
 from gpufleet.perf.options import TrainOptions
 from gpufleet.perf.step import evaluate
 from gpufleet.perf.system import System

@@ -13,7 +13,7 @@ import math
 
 from gpufleet.errors import ConfigError
 from gpufleet.perf.efficiency import Efficiency
-from gpufleet.perf.model import ModelSpec
+from gpufleet.perf.model_spec import ModelSpec
 from gpufleet.perf.options import TrainOptions
 from gpufleet.perf.planner import plan_layouts
 from gpufleet.perf.system import System

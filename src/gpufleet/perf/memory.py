@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpufleet.perf.model import ModelSpec
+from gpufleet.perf.model_spec import ModelSpec
 
 __all__ = ["activation_bytes_per_token_layer", "state_bytes_per_param"]
 

@@ -18,7 +18,7 @@ import polars as pl
 from gpufleet.errors import ConfigError
 from gpufleet.perf.efficiency import Efficiency
 from gpufleet.perf.flops import RECOMPUTE_MODES, Recompute
-from gpufleet.perf.model import ModelSpec
+from gpufleet.perf.model_spec import ModelSpec
 from gpufleet.perf.options import Layout, TrainOptions
 from gpufleet.perf.step import BREAKDOWN_KEYS, evaluate
 from gpufleet.perf.system import System

@@ -32,7 +32,7 @@ from gpufleet.perf.flops import (
     params_per_layer,
 )
 from gpufleet.perf.memory import activation_bytes_per_token_layer, state_bytes_per_param
-from gpufleet.perf.model import ModelSpec
+from gpufleet.perf.model_spec import ModelSpec
 from gpufleet.perf.options import Layout, TrainOptions
 from gpufleet.perf.system import System
 

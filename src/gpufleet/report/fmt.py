@@ -10,10 +10,15 @@ import numbers
 from typing import Any
 
 __all__ = [
+    "clean_json",
     "duration_unit",
     "format_duration",
+    "format_fixed",
     "format_number",
     "format_percent",
+    "format_span",
+    "format_step_time",
+    "format_tokens",
     "is_missing",
     "time_axis_unit",
 ]
@@ -79,3 +84,56 @@ def format_number(value: Any) -> str:
         x = float(value)
         return f"{int(x):,}" if x.is_integer() and abs(x) < 1e15 else f"{x:.4g}"
     return str(value)
+
+
+def format_span(seconds: Any) -> str:
+    """Coarse duration for summary tables: ``"42 s"``, ``"12.5 min"``, ``"3.2 h"``, ``"4.1 d"``; missing → ``"—"``."""
+    if seconds is None or not math.isfinite(seconds):
+        return DASH
+    if seconds < 2 * MINUTE:
+        return f"{seconds:.0f} s"
+    if seconds < 2 * HOUR:
+        return f"{seconds / MINUTE:.1f} min"
+    if seconds < 3 * DAY:
+        return f"{seconds / HOUR:.1f} h"
+    return f"{seconds / DAY:.1f} d"
+
+
+def format_step_time(seconds: Any) -> str:
+    """Fine duration for step times: ``"1,234 s"``, ``"12.34 s"``, ``"3.2 ms"``, ``"40 µs"``; missing → ``"—"``."""
+    if seconds is None or not math.isfinite(seconds):
+        return DASH
+    if seconds >= 100:
+        return f"{seconds:,.0f} s"
+    if seconds >= 1:
+        return f"{seconds:.2f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.1f} ms"
+    return f"{seconds * 1e6:.0f} µs"
+
+
+def format_tokens(n: float) -> str:
+    """A token count with binary multiples, as LLM papers write batches: ``"16M"`` for 16 x 2**20."""
+    for unit, scale in (("G", 2**30), ("M", 2**20), ("K", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return f"{n:.0f}"
+
+
+def format_fixed(value: float, digits: int = 3) -> str:
+    """``value`` with ``digits`` decimals; NaN and infinity → ``"—"``."""
+    return DASH if not math.isfinite(value) else f"{value:.{digits}f}"
+
+
+def clean_json(value: Any) -> Any:
+    """JSON-safe copy of ``value``: NaN and infinity become null, NumPy scalars plain numbers, dict keys strings;
+    dicts, lists and tuples are cleaned recursively. The one helper every ``--json`` output goes through."""
+    if isinstance(value, dict):
+        return {str(k): clean_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [clean_json(v) for v in value]
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value

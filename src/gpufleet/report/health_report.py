@@ -1,19 +1,38 @@
-"""HTML report of a failure-prediction evaluation: the metrics table, precision by month, lead times."""
+"""HTML report of a failure-prediction evaluation: the metrics table, precision by month, lead times.
+
+The evaluation comes in through :class:`EvaluationLike`, so ``gpufleet.report`` does not import
+``gpufleet.health``.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import plotly.graph_objects as go
 import polars as pl
 
 from gpufleet.report import html
+from gpufleet.report.plots import house_layout, series_colors
 
-if TYPE_CHECKING:
-    from gpufleet.health.evaluate import EvalResult
+__all__ = ["EvaluationLike", "write_health_report"]
 
-__all__ = ["write_health_report"]
+
+class EvaluationLike(Protocol):
+    """What the report reads of an evaluation (``gpufleet.health.evaluate.EvalResult``).
+
+    ``table``: model, mode, alerts, true_alerts, precision, recall, f1, caught, lead_h_median;
+    ``monthly``: model, mode, month, precision; ``alerts``: model, mode, true, lead_h.
+    """
+
+    @property
+    def table(self) -> pl.DataFrame: ...
+    @property
+    def monthly(self) -> pl.DataFrame: ...
+    @property
+    def alerts(self) -> pl.DataFrame: ...
+    @property
+    def failures(self) -> int: ...
 
 
 def _metrics_table(table: pl.DataFrame) -> str:
@@ -26,41 +45,50 @@ def _metrics_table(table: pl.DataFrame) -> str:
                      f"{r['caught']:,}",
                      "-" if r["lead_h_median"] is None else f"{r['lead_h_median']:.0f}"])
         classes.append(["", "", "", "", "best" if r["precision"] == best else "", "", "", "", ""])
-    return html.table(header, rows, cell_classes=classes)
+    return html.table(header, rows, cell_classes=classes, text_columns=(1,))
 
 
-def _monthly_figure(monthly: pl.DataFrame) -> go.Figure:
-    fig = go.Figure()
+def _model_colors(*frames: pl.DataFrame) -> dict[str, str]:
+    """One colour per model, the same in both figures; the mode shows as the line style."""
+    return series_colors(m for frame in frames for m in frame["model"].to_list())
+
+
+def _monthly_figure(monthly: pl.DataFrame, colors: dict[str, str]) -> go.Figure:
+    traces: list[dict[str, Any]] = []
     for (model, mode), part in monthly.sort("month").group_by(["model", "mode"], maintain_order=True):
-        fig.add_trace(go.Scatter(x=part["month"].to_list(), y=(100 * part["precision"]).to_list(),
-                                 mode="lines+markers", name=f"{model} ({mode})",
-                                 line={"dash": "dot" if mode == "once" else "solid"}))
-    fig.update_layout(title="Precision by month: train-once (dotted) vs sliding training (solid)",
-                      xaxis_title="month", yaxis_title="precision %", template="plotly_white")
-    return fig
+        traces.append({"type": "scatter", "x": part["month"].to_list(), "y": (100 * part["precision"]).to_list(),
+                       "mode": "lines+markers", "name": f"{model} ({mode})",
+                       "line": {"dash": "dot" if mode == "once" else "solid", "color": colors[model]}})
+    layout = house_layout(title="Precision by month",
+                          x_title="month", y_title="precision %", xaxis={"type": "category"})
+    return go.Figure(data=traces, layout=layout)
 
 
-def _lead_figure(alerts: pl.DataFrame) -> go.Figure:
-    fig = go.Figure()
+def _lead_figure(alerts: pl.DataFrame, colors: dict[str, str]) -> go.Figure:
+    traces: list[dict[str, Any]] = []
     right = alerts.filter(pl.col("true"))
     for (model, mode), part in right.group_by(["model", "mode"], maintain_order=True):
-        fig.add_trace(go.Box(y=part["lead_h"].to_list(), name=f"{model} ({mode})", boxmean=True))
-    fig.update_layout(title="Hours from a right alert to the failure", yaxis_title="hours",
-                      template="plotly_white", showlegend=False)
-    return fig
+        traces.append({"type": "box", "y": part["lead_h"].to_list(), "name": f"{model} ({mode})", "boxmean": True,
+                       "marker": {"color": colors[model]}})
+    layout = house_layout(title="Hours from a right alert to the failure", y_title="hours",
+                          xaxis={"type": "category"})
+    return go.Figure(data=traces, layout=layout)
 
 
-def write_health_report(result: EvalResult, path: str | Path, *, context: dict[str, str] | None = None,
+def write_health_report(result: EvaluationLike, path: str | Path, *, context: dict[str, str] | None = None,
                         title: str = "gpufleet health") -> Path:
     """Write the self-contained HTML report of an evaluation to ``path``; return the path."""
-    figs = [_monthly_figure(result.monthly), _lead_figure(result.alerts)]
+    colors = _model_colors(result.table)
+    figs = [_monthly_figure(result.monthly, colors), _lead_figure(result.alerts, colors)]
     divs = [html.figure_div(fig, div_id=f"fig-{i}", include_plotlyjs=i == 0) for i, fig in enumerate(figs)]
     body = [
         html.kv_table({**(context or {}), "failures in the test span": f"{result.failures:,}"}),
         html.section("Models", _metrics_table(result.table),
                      note="Each model alerts on at most its budget of GPUs per round; an alert is right when the GPU "
                           "fails within the horizon. Ensembles raise fewer alerts than the budget by design."),
-        html.section("Over time", f'<div class="grid">{divs[0]}{divs[1]}</div>'),
+        html.section("Over time", html.grid(divs[0], divs[1]),
+                     note="Dotted: trained once on the first weeks; solid: refit at the start of every period on the "
+                          "most recent weeks (sliding)."),
     ]
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -20,7 +20,7 @@ from gpufleet.report.resample import quantile_points, time_weighted_resample
 if TYPE_CHECKING:
     import plotly.graph_objects as go
 
-__all__ = ["PALETTE", "cdf_figure", "grouped_bar", "series_colors", "timeline_figure"]
+__all__ = ["PALETTE", "cdf_figure", "grouped_bar", "house_layout", "series_colors", "timeline_figure"]
 
 #: Colours given to series in order (Tableau 10): colour-blind friendly and distinct in print.
 PALETTE = (
@@ -65,6 +65,34 @@ def _colors(names: Iterable[str], colors: Mapping[str, str] | None) -> dict[str,
 _AXIS = {"gridcolor": "#e6e9ef", "linecolor": "#aab2bd", "zerolinecolor": "#d0d5dd", "automargin": True}
 
 
+def house_layout(
+    *,
+    title: str,
+    x_title: str = "",
+    y_title: str = "",
+    xaxis: Mapping[str, Any] | None = None,
+    yaxis: Mapping[str, Any] | None = None,
+    **layout: Any,
+) -> dict[str, Any]:
+    """The layout every report figure shares: title top left, legend under the plot, light axes.
+
+    The legend sits at the bottom of the figure (``yref="container"``) and pushes the bottom margin, so
+    however many rows it wraps to it never covers the title, the plot or the axis titles.
+    """
+    base = {
+        "template": "none",
+        "title": {"text": title, "x": 0.0, "xanchor": "left"},
+        "font": {"family": "system-ui, -apple-system, Segoe UI, Roboto, sans-serif", "size": 12},
+        "paper_bgcolor": "white",
+        "plot_bgcolor": "white",
+        "margin": {"l": 64, "r": 24, "t": 56, "b": 24},
+        "legend": {"orientation": "h", "x": 0.0, "xanchor": "left", "y": 0.0, "yanchor": "bottom", "yref": "container"},
+        "xaxis": {"title": {"text": x_title}, **_AXIS, **(xaxis or {})},
+        "yaxis": {"title": {"text": y_title}, **_AXIS, **(yaxis or {})},
+    }
+    return {**base, **layout}
+
+
 def _figure(
     traces: list[dict[str, Any]],
     *,
@@ -82,18 +110,8 @@ def _figure(
     """
     import plotly.graph_objects as go
 
-    base = {
-        "template": "none",
-        "title": {"text": title, "x": 0.0, "xanchor": "left"},
-        "font": {"family": "system-ui, -apple-system, Segoe UI, Roboto, sans-serif", "size": 12},
-        "paper_bgcolor": "white",
-        "plot_bgcolor": "white",
-        "margin": {"l": 64, "r": 24, "t": 72, "b": 52},
-        "legend": {"orientation": "h", "x": 0.0, "y": 1.0, "yanchor": "bottom"},
-        "xaxis": {"title": {"text": x_title}, **_AXIS, **(xaxis or {})},
-        "yaxis": {"title": {"text": y_title}, **_AXIS, **(yaxis or {})},
-    }
-    return go.Figure(data=traces, layout={**base, **layout})
+    style = house_layout(title=title, x_title=x_title, y_title=y_title, xaxis=xaxis, yaxis=yaxis, **layout)
+    return go.Figure(data=traces, layout=style)
 
 
 def _log_seconds_ticks(lo: float, hi: float) -> dict[str, list[Any]]:
@@ -154,6 +172,9 @@ def cdf_figure(
     xaxis: dict[str, Any] = {}
     if log_x:
         xaxis["type"] = "log"
+        if 0 < lo <= hi:  # the whole range, shortest to longest, however skewed (log10 units)
+            pad = max(0.02 * (math.log10(hi) - math.log10(lo)), 0.05)
+            xaxis["range"] = [math.log10(lo) - pad, math.log10(hi) + pad]
         if seconds and hi > 0:
             xaxis.update(_log_seconds_ticks(lo, hi))
     return _figure(

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from html import escape
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import polars as pl
@@ -19,10 +20,22 @@ from gpufleet.report.breakdown import NO_VC, SIZE_BUCKETS, breakdown
 from gpufleet.report.fmt import format_duration, format_number, format_percent, is_missing, time_axis_unit
 from gpufleet.report.plots import cdf_figure, grouped_bar, series_colors, timeline_figure
 
-if TYPE_CHECKING:
-    from gpufleet.sim.result import SimResult
+__all__ = ["RunResult", "gpu_utilisation", "write_sim_report"]
 
-__all__ = ["write_sim_report"]
+
+class RunResult(Protocol):
+    """What the report reads of one run (``gpufleet.sim.result.SimResult`` has it; the report never imports it).
+
+    ``jobs`` has at least ``vc, num_gpus, jct_s, queue_s`` and ``timeline`` at least ``time_s, busy_gpus,
+    queued_jobs``; an elastic run's timeline adds ``loaned_servers``, ``loaned_gpus_used`` and
+    ``loaned_gpus`` (GPUs on loan to training), and ``total_gpus`` is the training pool's size.
+    """
+
+    policy: str
+    summary: dict[str, Any]
+    jobs: pl.DataFrame
+    timeline: pl.DataFrame
+    total_gpus: int
 
 #: Points per CDF curve and buckets per timeline: enough to look exact, small enough to stay light.
 CDF_POINTS = 500
@@ -33,36 +46,53 @@ MAX_VCS = 25
 _JOB_COLUMNS = ("vc", "num_gpus", "jct_s", "queue_s")
 _TIMELINE_COLUMNS = ("time_s", "busy_gpus", "queued_jobs")
 
-# Summary columns of the comparison table: key, header, formatter, which value is best (None: no mark).
-_SUMMARY_COLUMNS: tuple[tuple[str, str, Any, str | None], ...] = (
-    ("jobs", "jobs", format_number, None),
-    ("finished", "finished", format_number, None),
-    ("avg_jct_s", "avg JCT", format_duration, "min"),
-    ("median_jct_s", "median JCT", format_duration, "min"),
-    ("p95_jct_s", "p95 JCT", format_duration, "min"),
-    ("p99_jct_s", "p99 JCT", format_duration, "min"),
-    ("avg_queue_s", "avg queue", format_duration, "min"),
-    ("median_queue_s", "median queue", format_duration, "min"),
-    ("p95_queue_s", "p95 queue", format_duration, "min"),
-    ("p99_queue_s", "p99 queue", format_duration, "min"),
-    ("gpu_util", "GPU util", format_percent, "max"),
-    ("usage", "usage (both pools)", format_percent, "max"),
-    ("loaned_gpu_hours", "loaned GPU-h", format_number, None),
-    ("reclaims", "servers reclaimed", format_number, None),
-    ("reclaim_preemptions", "reclaim preemptions", format_number, "min"),
-    ("scale_events", "scale events", format_number, None),
-    ("elastic_jobs", "elastic jobs", format_number, None),
-    ("makespan_s", "makespan", format_duration, "min"),
-    ("preemptions", "preemptions", format_number, None),
-    ("lost_work_gpu_h", "lost work (GPU-h)", format_number, None),
-    ("unschedulable", "unschedulable", format_number, None),
-    ("events", "events", format_number, None),
-    ("wall_s", "sim wall time", format_duration, None),
+# Summary tables, one per topic so each fits a 1,280 px page: heading, then columns of (key, header,
+# formatter, which value is best: "min", "max" or None for no mark). A column shows when a run has it.
+_SUMMARY_GROUPS: tuple[tuple[str, tuple[tuple[str, str, Any, str | None], ...]], ...] = (
+    (
+        "Jobs: completion time and queueing",
+        (
+            ("jobs", "jobs", format_number, None),
+            ("finished", "finished", format_number, None),
+            ("avg_jct_s", "avg JCT", format_duration, "min"),
+            ("median_jct_s", "median JCT", format_duration, "min"),
+            ("p95_jct_s", "p95 JCT", format_duration, "min"),
+            ("p99_jct_s", "p99 JCT", format_duration, "min"),
+            ("avg_queue_s", "avg queue", format_duration, "min"),
+            ("median_queue_s", "median queue", format_duration, "min"),
+            ("p95_queue_s", "p95 queue", format_duration, "min"),
+            ("p99_queue_s", "p99 queue", format_duration, "min"),
+        ),
+    ),
+    (
+        "Cluster",
+        (
+            ("gpu_util", "GPU util", format_percent, "max"),
+            ("usage", "usage (both pools)", format_percent, "max"),
+            ("makespan_s", "makespan", format_duration, "min"),
+            ("preemptions", "preemptions", format_number, None),
+            ("lost_work_gpu_h", "lost work (GPU-h)", format_number, None),
+            ("unschedulable", "unschedulable", format_number, None),
+            ("events", "events", format_number, None),
+            ("wall_s", "sim wall time", format_duration, None),
+        ),
+    ),
+    (
+        "Capacity loaning and elastic jobs",
+        (
+            ("loaned_gpu_hours", "loaned GPU-h", format_number, None),
+            ("reclaims", "servers reclaimed", format_number, None),
+            ("reclaim_preemptions", "reclaim preemptions", format_number, "min"),
+            ("scale_events", "scale events", format_number, None),
+            ("elastic_jobs", "elastic jobs", format_number, None),
+        ),
+    ),
 )
-
+#: Summary keys no group names (failure runs add a dozen) go into further tables of at most this many columns.
+EXTRA_COLUMNS_PER_TABLE = 8
 
 def write_sim_report(
-    results: Sequence[SimResult],
+    results: Sequence[RunResult],
     path: str | Path,
     *,
     title: str = "gpufleet simulation",
@@ -86,8 +116,9 @@ def write_sim_report(
         _header(results, context),
         html.section(
             "Summary",
-            _summary_table(results, labels),
-            note="Durations over finished jobs; GPU util is busy GPU-time over total GPU-time.",
+            _summary_tables(results, labels),
+            note="Durations over finished jobs. GPU util is busy GPU-time of the training pool over its GPU-time; "
+            "usage is GPU-time allocated to training and inference over the capacity of both pools.",
         ),
         _cdf_section(results, labels, colors, figs),
         _timeline_section(results, labels, colors, figs),
@@ -117,7 +148,7 @@ class _Figures:
         return f'<div class="grid">{self.add(*figs)}</div>'
 
 
-def _check_columns(result: SimResult) -> None:
+def _check_columns(result: RunResult) -> None:
     for frame_name, frame, needed in (
         ("jobs", result.jobs, _JOB_COLUMNS),
         ("timeline", result.timeline, _TIMELINE_COLUMNS),
@@ -125,12 +156,12 @@ def _check_columns(result: SimResult) -> None:
         missing = [c for c in needed if c not in frame.columns]
         if missing:
             raise ValueError(
-                f"SimResult of policy {result.policy!r}: its {frame_name} frame lacks column(s) {missing}; "
+                f"the run of policy {result.policy!r}: its {frame_name} frame lacks column(s) {missing}; "
                 "see gpufleet.sim.result for the column contract"
             )
 
 
-def _labels(results: Sequence[SimResult]) -> list[str]:
+def _labels(results: Sequence[RunResult]) -> list[str]:
     """Policy names as legend labels; a name used twice gets a suffix so curves stay apart."""
     seen: dict[str, int] = {}
     labels = []
@@ -140,7 +171,7 @@ def _labels(results: Sequence[SimResult]) -> list[str]:
     return labels
 
 
-def _header(results: Sequence[SimResult], context: Mapping[str, str] | None) -> str:
+def _header(results: Sequence[RunResult], context: Mapping[str, str] | None) -> str:
     items: dict[str, object] = dict(context or {})
     items.setdefault("policies", ", ".join(r.policy for r in results))
     gpus = sorted({r.total_gpus for r in results})
@@ -149,17 +180,38 @@ def _header(results: Sequence[SimResult], context: Mapping[str, str] | None) -> 
 
 
 def _footer(n_runs: int) -> str:
-    from gpufleet import __version__
+    from importlib.metadata import PackageNotFoundError, version
 
-    return f"gpufleet {__version__} · simulation report of {n_runs} run{'s' if n_runs != 1 else ''}"
+    try:
+        release = version("gpufleet")
+    except PackageNotFoundError:  # running from a source tree that was never installed
+        release = "(source)"
+    return f"gpufleet {release} · simulation report of {n_runs} run{'s' if n_runs != 1 else ''}"
 
 
-def _summary_table(results: Sequence[SimResult], labels: Sequence[str]) -> str:
-    known = {key for key, *_ in _SUMMARY_COLUMNS} | {"policy"}
+def _summary_tables(results: Sequence[RunResult], labels: Sequence[str]) -> str:
+    """One table per topic of :data:`_SUMMARY_GROUPS` (only the columns some run has), then the other keys."""
+    known = {key for _, group in _SUMMARY_GROUPS for key, *_ in group} | {"policy"}
     extra = [k for k in dict.fromkeys(k for r in results for k in r.summary) if k not in known]
-    columns = [c for c in _SUMMARY_COLUMNS if any(c[0] in r.summary for r in results)]
-    columns += [(k, k, format_duration if k.endswith("_s") else format_number, None) for k in extra]
+    groups = [
+        (heading, [c for c in group if any(c[0] in r.summary for r in results)]) for heading, group in _SUMMARY_GROUPS
+    ]
+    extra_columns = [
+        (k, k.replace("_", " "), format_duration if k.endswith("_s") else format_number, None) for k in extra
+    ]
+    for first in range(0, len(extra_columns), EXTRA_COLUMNS_PER_TABLE):
+        groups.append(("Other figures" if first == 0 else "", extra_columns[first : first + EXTRA_COLUMNS_PER_TABLE]))
+    parts = []
+    for heading, columns in groups:
+        if columns:
+            title = f"<h3>{escape(heading)}</h3>" if heading else ""
+            parts.append(title + _summary_table(results, labels, columns))
+    return "".join(parts)
 
+
+def _summary_table(
+    results: Sequence[RunResult], labels: Sequence[str], columns: Sequence[tuple[str, str, Any, str | None]]
+) -> str:
     header = ["policy", *(head for _, head, _, _ in columns)]
     rows = [
         [label] + [fmt(r.summary.get(key)) for key, _, fmt, _ in columns]
@@ -191,7 +243,7 @@ def _column(frame: pl.DataFrame, name: str) -> np.ndarray:
 
 
 def _cdf_section(
-    results: Sequence[SimResult], labels: Sequence[str], colors: Mapping[str, str], figs: _Figures
+    results: Sequence[RunResult], labels: Sequence[str], colors: Mapping[str, str], figs: _Figures
 ) -> str:
     jct = {label: _column(r.jobs, "jct_s") for r, label in zip(results, labels, strict=True)}
     queue = {label: _column(r.jobs, "queue_s") for r, label in zip(results, labels, strict=True)}
@@ -213,7 +265,7 @@ def _cdf_section(
     )
 
 
-def _loan_figures(results: Sequence[SimResult], labels: Sequence[str], colors: Mapping[str, str],
+def _loan_figures(results: Sequence[RunResult], labels: Sequence[str], colors: Mapping[str, str],
                   common: Mapping[str, Any]) -> list[Any]:
     """Aryl runs: inference servers needed and servers on loan over time, and training GPUs on loaned servers."""
     loaned: dict[str, tuple[np.ndarray, np.ndarray]] = {}
@@ -234,15 +286,31 @@ def _loan_figures(results: Sequence[SimResult], labels: Sequence[str], colors: M
     if demand is not None:
         series = {"inference servers needed": demand, **series}
         palette["inference servers needed"] = "#444444"
-    return [
+    figs = [
         timeline_figure(series, title="Inference demand and servers on loan", y_title="servers",
                         **{**common, "colors": palette}),
         timeline_figure(used, title="Training GPUs on loaned servers", y_title="GPUs", **common),
     ]
+    for fig in figs:  # name the run even when only one of the compared runs loans servers
+        fig.update_layout(showlegend=True)
+    return figs
+
+
+def gpu_utilisation(result: RunResult) -> np.ndarray | None:
+    """Busy GPUs over the GPUs that can run training, per timeline row: the training pool plus servers on loan.
+
+    Busy GPUs of an elastic run include those on loaned inference servers, so dividing by the training
+    pool alone would pass 100 % (Aryl showed 200 %); None when the run has no GPUs.
+    """
+    busy = _column(result.timeline, "busy_gpus")
+    if "loaned_gpus" in result.timeline.columns:
+        # never below one GPU: with no GPU at all none is busy, and 0 / 1 plots as 0 %
+        return busy / np.maximum(result.total_gpus + _column(result.timeline, "loaned_gpus"), 1.0)
+    return busy / result.total_gpus if result.total_gpus > 0 else None
 
 
 def _timeline_section(
-    results: Sequence[SimResult], labels: Sequence[str], colors: Mapping[str, str], figs: _Figures
+    results: Sequence[RunResult], labels: Sequence[str], colors: Mapping[str, str], figs: _Figures
 ) -> str:
     start, end = 0.0, 0.0
     for r in results:
@@ -259,8 +327,9 @@ def _timeline_section(
     queued: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for r, label in zip(results, labels, strict=True):
         time = _column(r.timeline, "time_s")
-        if r.total_gpus > 0:
-            util[label] = (time, _column(r.timeline, "busy_gpus") / r.total_gpus)
+        share = gpu_utilisation(r)
+        if share is not None:
+            util[label] = (time, share)
         queued[label] = (time, _column(r.timeline, "queued_jobs"))
     common = {
         "end_time": end,
@@ -270,7 +339,7 @@ def _timeline_section(
         "colors": colors,
     }
     util_fig = timeline_figure(
-        util, title="GPU utilisation", y_title="busy GPUs / total GPUs", y_percent=True, **common
+        util, title="GPU utilisation", y_title="busy GPUs / GPUs that can train", y_percent=True, **common
     )
     queue_fig = timeline_figure(queued, title="Queue length", y_title="jobs waiting", **common)
     extra = _loan_figures(results, labels, colors, common)
@@ -284,7 +353,7 @@ def _timeline_section(
 
 
 def _vc_section(
-    results: Sequence[SimResult], labels: Sequence[str], colors: Mapping[str, str], figs: _Figures
+    results: Sequence[RunResult], labels: Sequence[str], colors: Mapping[str, str], figs: _Figures
 ) -> str:
     frames = [breakdown(r.jobs, "vc") for r in results]
     jobs_per_vc: dict[str, int] = {}
@@ -303,7 +372,7 @@ def _vc_section(
 
 
 def _size_section(
-    results: Sequence[SimResult], labels: Sequence[str], colors: Mapping[str, str], figs: _Figures
+    results: Sequence[RunResult], labels: Sequence[str], colors: Mapping[str, str], figs: _Figures
 ) -> str:
     frames = [breakdown(r.jobs, "size") for r in results]
     present = {g for f in frames for g in f.get_column("group").to_list()}

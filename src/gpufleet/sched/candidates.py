@@ -39,8 +39,8 @@ def _eligible(part: Any, per: int) -> list[int]:
 def candidate_placements(part: Any, gpus: int, net: Any = None, p: int = 0) -> list[Allocation | None]:
     """The allocation of every slot of :data:`SLOTS` for a job of ``gpus`` GPUs on ``part`` (None: no fit).
 
-    ``net`` is the simulator's :class:`~gpufleet.sim.network.NetworkState` (None: no network model, and the
-    ``net`` strategy falls back to best fit). Nothing is taken from ``part``.
+    ``net`` is the simulator's network model, a :class:`~gpufleet.sched.view.NetworkView` (None: no network
+    model, and the ``net`` strategy falls back to best fit). Nothing is taken from ``part``.
     """
     out: list[Allocation | None] = []
     free_total = part.total_free

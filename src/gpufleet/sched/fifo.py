@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpufleet.sched.base import Policy, register
+from gpufleet.sched.policy import Policy, register
 
 
 @register

@@ -11,7 +11,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from gpufleet.sched.base import Policy, register
+from gpufleet.sched.policy import Policy, register
 
 
 @register

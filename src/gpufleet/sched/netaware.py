@@ -20,9 +20,9 @@ from typing import Any, ClassVar
 import numpy as np
 
 from gpufleet.errors import ConfigError
-from gpufleet.sched.base import Policy, register
 from gpufleet.sched.candidates import candidate_placements, spread_placement
 from gpufleet.sched.las import LeastAttainedService
+from gpufleet.sched.policy import Policy, register
 from gpufleet.sched.srtf import ShortestRemainingTimeFirst
 
 ORDERS = ("srtf", "srsf", "las", "fifo")
@@ -32,6 +32,7 @@ class CandidatePolicy(Policy):
     """Base of policies that order jobs by ``order`` and pick one of the candidate placements."""
 
     options: ClassVar[dict[str, float | str]] = {"order": "srtf"}
+    needs: ClassVar[frozenset[str]] = frozenset({"network"})
 
     def __init__(self, **opts: Any) -> None:
         super().__init__(**opts)

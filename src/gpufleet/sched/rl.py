@@ -18,9 +18,10 @@ from typing import Any, ClassVar
 import numpy as np
 
 from gpufleet.errors import ConfigError
-from gpufleet.sched.base import register
 from gpufleet.sched.netaware import CandidatePolicy, least_cost
+from gpufleet.sched.policy import register
 from gpufleet.sched.rl_features import HEURISTIC, WAIT, action_mask, observe
+from gpufleet.sched.rl_model import ActorMLP, read_actor
 
 #: The model that ships in the wheel.
 DEFAULT_MODEL = "contention_ppo.zip"
@@ -47,8 +48,12 @@ def default_model_path() -> Path:
     return Path(str(resources.files("gpufleet.data").joinpath("rl").joinpath(DEFAULT_MODEL)))
 
 
-def load_model(path: str | Path | None) -> Any:
-    """A PPO model from ``path`` (default: the shipped one), cached per path."""
+def load_model(path: str | Path | None) -> ActorMLP:
+    """The actor of the PPO model at ``path`` (default: the shipped one), cached per path.
+
+    Only the network's weights and plain JSON are read (:mod:`gpufleet.sched.rl_model`): a model file from
+    elsewhere never runs code when loaded, as stable-baselines3's own pickle-based ``load`` could.
+    """
     require_rl()
     target = Path(path) if path else default_model_path()
     key = str(target.resolve())
@@ -56,57 +61,8 @@ def load_model(path: str | Path | None) -> Any:
         if not target.is_file():
             hint = " (the shipped model is missing: train one with `gpufleet sched train-rl`)" if not path else ""
             raise ConfigError(f"RL model {target} not found{hint}")
-        import torch
-        from sb3_contrib import MaskablePPO
-
-        torch.set_num_threads(1)
-        try:
-            _MODELS[key] = MaskablePPO.load(str(target), device="cpu")
-        except Exception as exc:  # a corrupt or foreign zip
-            raise ConfigError(f"cannot load RL model {target}: {exc}") from exc
+        _MODELS[key] = read_actor(target)
     return _MODELS[key]
-
-
-def numpy_actor(policy: Any) -> Callable[[np.ndarray], np.ndarray] | None:
-    """The policy's action probabilities for one observation as plain NumPy (the layers in float32 as torch runs
-    them, the softmax in float64), or None when the observation is not a flat Box or the network is not a
-    Linear/Tanh/ReLU stack. One decision then costs microseconds instead of the
-    ~60 us of torch modules and two Categorical distributions, which dominated a Philly run with ``rl``."""
-    from gymnasium import spaces
-    from stable_baselines3.common.torch_layers import FlattenExtractor
-    from torch import nn
-
-    space = policy.observation_space
-    if not isinstance(policy.features_extractor, FlattenExtractor) or not isinstance(space, spaces.Box) \
-            or len(space.shape) != 1:
-        return None  # SB3 would preprocess such observations (one-hot, images): keep its own path
-    layers: list[tuple[str, Any, Any]] = []
-    for module in [*policy.mlp_extractor.policy_net, policy.action_net]:
-        if isinstance(module, nn.Linear):
-            weight = module.weight.detach().float().numpy().T.copy()
-            bias = module.bias.detach().float().numpy().copy() if module.bias is not None else None
-            layers.append(("linear", weight, bias))
-        elif isinstance(module, nn.Tanh | nn.ReLU):
-            layers.append(("tanh" if isinstance(module, nn.Tanh) else "relu", None, None))
-        else:
-            return None
-
-    def probs(obs: np.ndarray) -> np.ndarray:
-        x = np.asarray(obs, dtype=np.float32)
-        for kind, weight, bias in layers:
-            if kind == "linear":
-                x = x @ weight
-                if bias is not None:
-                    x = x + bias
-            elif kind == "tanh":
-                x = np.tanh(x)
-            else:
-                x = np.maximum(x, 0.0)
-        x = x.astype(np.float64)
-        e = np.exp(x - x.max())
-        return e / e.sum()
-
-    return probs
 
 
 @register
@@ -128,28 +84,21 @@ class LearnedPlacement(CandidatePolicy):
         self.fallbacks = 0
         self.delegated = 0
         self.waits = 0
-        self._policy: Any = None
         self._fast: Callable[[np.ndarray], np.ndarray] | None = None
 
     def bind(self, sim: Any) -> None:
         super().bind(sim)
         seed = int(float(self.opts["sample"]))
         self._rng = np.random.default_rng(seed) if seed > 0 else None
-        if self.decider is None and self._policy is None:
-            self._policy = load_model(str(self.opts["model"]) or None).policy
-            self._fast = numpy_actor(self._policy)  # copied once, not at every run the policy is bound to
+        if self.decider is None and self._fast is None:
+            self._fast = load_model(str(self.opts["model"]) or None).probs  # read once, not at every run bound
 
     def _act(self, obs: np.ndarray, mask: np.ndarray) -> int:
         if self.decider is not None:
             return int(self.decider(obs, mask))
-        if self._fast is not None:
-            return self._pick(self._fast(obs) * mask)
-        import torch
-
-        with torch.no_grad():
-            t = torch.as_tensor(obs[None, :])
-            probs = self._policy.get_distribution(t).distribution.probs[0].numpy().astype(np.float64)
-        return self._pick(probs * mask)  # trained with the same mask (MaskablePPO): infeasible actions mean nothing
+        assert self._fast is not None, "bind() loads the model"
+        # trained with the same mask (MaskablePPO): infeasible actions mean nothing
+        return self._pick(self._fast(obs) * mask)
 
     def _pick(self, probs: np.ndarray) -> int:
         """The most likely feasible action, or one drawn in proportion (``sample``); the heuristic if none."""

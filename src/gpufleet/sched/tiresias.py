@@ -14,7 +14,7 @@ import itertools
 from typing import ClassVar
 
 from gpufleet.errors import ConfigError
-from gpufleet.sched.base import Policy, register
+from gpufleet.sched.policy import Policy, register
 
 _DEMOTE, _PROMOTE = 0, 1
 _QUEUE_SPAN = 1e12  # queue index weight in the key: larger than any submit time in seconds

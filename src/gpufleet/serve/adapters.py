@@ -19,7 +19,7 @@ import torch
 
 from gpufleet.errors import ServeError
 from gpufleet.serve.config import LlamaConfig
-from gpufleet.serve.model import PROJECTIONS
+from gpufleet.serve.lora_llama import PROJECTIONS
 from gpufleet.serve.protocol import UnknownAdapterError
 
 _KEY = re.compile(r"layers\.(\d+)\.(?:self_attn|mlp)\.(" + "|".join(PROJECTIONS)

@@ -30,8 +30,8 @@ import torch
 from gpufleet.errors import ServeError
 from gpufleet.serve.adapters import AdapterStore, LoRAAdapter
 from gpufleet.serve.config import LlamaConfig
-from gpufleet.serve.engine import Engine, EngineConfig
-from gpufleet.serve.model import PROJECTIONS
+from gpufleet.serve.continuous_batching import Engine, EngineConfig
+from gpufleet.serve.lora_llama import PROJECTIONS
 from gpufleet.serve.protocol import SamplingParams
 from gpufleet.serve.weights import load_model
 

@@ -139,7 +139,7 @@ def build_engine(options: WorkerOptions) -> Any:
 
     from gpufleet.serve.adapters import AdapterStore
     from gpufleet.serve.bench import random_adapters
-    from gpufleet.serve.engine import Engine, EngineConfig
+    from gpufleet.serve.continuous_batching import Engine, EngineConfig
     from gpufleet.serve.tokenizer import load_tokenizer
     from gpufleet.serve.weights import load_model
 
@@ -186,7 +186,7 @@ def run_worker(options: WorkerOptions, port: int, host: str = WORKER_HOST, *, pa
     """Serve one engine over HTTP until SIGTERM/SIGINT (or until ``parent_pid`` exits)."""
     import uvicorn
 
-    from gpufleet.serve.async_engine import AsyncEngine
+    from gpufleet.serve.async_backend import AsyncEngine
     from gpufleet.serve.server import create_app
 
     _watch_parent(parent_pid)

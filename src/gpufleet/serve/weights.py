@@ -10,7 +10,7 @@ import torch
 
 from gpufleet.errors import ServeError
 from gpufleet.serve.config import NAMED_RANDOM_MODELS, LlamaConfig
-from gpufleet.serve.model import LlamaLoRAForCausalLM
+from gpufleet.serve.lora_llama import LlamaLoRAForCausalLM
 
 
 def _safetensor_files(folder: Path) -> list[Path]:
@@ -66,7 +66,7 @@ def load_model(base: str | Path, dtype: torch.dtype = torch.float32, device: str
 
 
 def _fresh_inv_freq(config: LlamaConfig) -> torch.Tensor:
-    from gpufleet.serve.model import rope_inverse_frequencies
+    from gpufleet.serve.lora_llama import rope_inverse_frequencies
 
     return rope_inverse_frequencies(config)
 

@@ -108,8 +108,8 @@ class ElasticSimulator:
         self._masks: dict[tuple[str | None, bool], np.ndarray] = {}
         self._type_of: list[str | None] = [t.lower() if isinstance(t, str) else None for t in w.gpu_type]
         self._resolve_schedulable()
-        self._tl = {k: array("d") for k in ("t", "busy", "loaned_used", "loaned", "inference", "needed", "queued",
-                                            "running")}
+        self._tl = {k: array("d") for k in ("t", "busy", "loaned_used", "loaned", "loaned_gpus", "inference",
+                                            "needed", "queued", "running")}
         policy.bind(self)  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------ setup
@@ -606,6 +606,7 @@ class ElasticSimulator:
         tl["busy"].append(self.busy)
         tl["loaned_used"].append(self.busy_loaned)
         tl["loaned"].append(self.srv.servers_in[LOANED])
+        tl["loaned_gpus"].append(self.srv.free_in[LOANED] + self.busy_loaned)  # all GPUs of the loaned servers
         tl["inference"].append(self.srv.free_in[HELD])  # held servers run no training: all their GPUs are free
         tl["needed"].append(self.inf_needed)
         tl["queued"].append(self.n_waiting)
@@ -672,6 +673,7 @@ class ElasticSimulator:
                 "running_jobs": tl["running"].astype(np.int64),
                 "loaned_servers": tl["loaned"].astype(np.int64),
                 "loaned_gpus_used": tl["loaned_used"].astype(np.int64),
+                "loaned_gpus": tl["loaned_gpus"].astype(np.int64),
                 "inference_gpus": tl["inference"].astype(np.int64),
                 "inference_servers_needed": tl["needed"].astype(np.int64),
             }

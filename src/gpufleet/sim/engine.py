@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import polars as pl
 
-from gpufleet.sched.base import Policy
+from gpufleet.sched.policy import Policy
 from gpufleet.sim.config import SimConfig
 from gpufleet.sim.failures import DRAIN_DOWN, FAIL_DOWN, NODE_UP, OutagePlan
 from gpufleet.sim.metrics import summarize

@@ -15,7 +15,7 @@ from typing import Any
 import polars as pl
 
 from gpufleet.errors import ConfigError
-from gpufleet.sched.base import make_policy
+from gpufleet.sched.policy import make_policy
 from gpufleet.sim.config import SimConfig
 from gpufleet.sim.engine import Simulator
 from gpufleet.sim.failures import OutagePlan, OutageSettings

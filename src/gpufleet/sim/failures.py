@@ -33,9 +33,9 @@ import polars as pl
 from gpufleet.errors import ConfigError
 from gpufleet.sim.partition import Partition
 
-#: Columns the failure frame must have (``gpufleet.health.api.failure_events`` returns them).
+#: Columns the failure frame must have (``gpufleet.health.events.failure_events`` returns them).
 FAILURE_COLUMNS = ("gpu", "node", "time_s", "xid")
-#: Columns the alert frame must have (``gpufleet.health.api.predicted_alerts`` returns them).
+#: Columns the alert frame must have (``gpufleet.health.events.predicted_alerts`` returns them).
 ALERT_COLUMNS = ("gpu", "node", "time_s", "score")
 
 # event kinds of the outage stream

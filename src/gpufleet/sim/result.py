@@ -33,6 +33,7 @@ TIMELINE_COLUMNS = (
 ELASTIC_TIMELINE_COLUMNS = (
     "loaned_servers",  # int, inference servers on loan to training
     "loaned_gpus_used",  # int, GPUs training holds on loaned servers
+    "loaned_gpus",  # int, all GPUs of the servers on loan (what training may use there)
     "inference_gpus",  # int, GPUs of the inference pool held by inference (not on loan)
     "inference_servers_needed",  # int, servers the inference load needs now
 )

@@ -43,7 +43,7 @@ class MixSampler:
     poisson_share: float = 0.5
 
     def __call__(self, rng: np.random.Generator, nodes: int = 4) -> pl.DataFrame:
-        from gpufleet.traces.mixes import generate_mix
+        from gpufleet.sim.mixes import generate_mix
 
         mix = self.mixes[int(rng.integers(len(self.mixes)))]
         seed = TRAIN_SEED_BASE + int(rng.integers(1 << 30))
@@ -108,16 +108,18 @@ def train_rl(cluster: Any, out: str | Path, *, steps: int = 100_000, seed: int =
     env = make_env(cluster, sampler or MixSampler(), reward=reward, seed=seed, order=order)
     done_steps = 0
     found = _checkpoints(ckpt_dir) if resume else []
+    # masked PPO: infeasible candidates are never sampled, so no action becomes a stand-in for another
+    # (with plain PPO an always-infeasible slot on 4 nodes was learned as "ask the heuristic", and on 64
+    # nodes, where it fits, it spread jobs over 8 nodes)
+    model = MaskablePPO("MlpPolicy", env, seed=seed, device="cpu", verbose=0,
+                        policy_kwargs={"net_arch": [64, 64]}, **PPO_SETTINGS)
     if found:
+        # a checkpoint's weights and optimizer state only (torch.load with weights_only): MaskablePPO.load would
+        # also unpickle the zip's other entries, which can run code; the settings above are the same anyway
         done_steps, path = found[-1]
-        model = MaskablePPO.load(str(path), env=env, device="cpu")
+        model.set_parameters(str(path), exact_match=True, device="cpu")
+        model.num_timesteps = done_steps
         model.set_random_seed(seed + done_steps)
-    else:
-        # masked PPO: infeasible candidates are never sampled, so no action becomes a stand-in for another
-        # (with plain PPO an always-infeasible slot on 4 nodes was learned as "ask the heuristic", and on 64
-        # nodes, where it fits, it spread jobs over 8 nodes)
-        model = MaskablePPO("MlpPolicy", env, seed=seed, device="cpu", verbose=0,
-                    policy_kwargs={"net_arch": [64, 64]}, **PPO_SETTINGS)
     returns: list[float] = []
 
     class Progress(BaseCallback):
@@ -185,8 +187,8 @@ def eval_policies(cluster: Any, policies: Sequence[str], *, mix: str = "heavy", 
     A run that leaves jobs unfinished is an error: its JCT figures would cover only the jobs that finished, and a
     policy that stalls the cluster would look faster than one that does not."""
     from gpufleet.sim.config import SimConfig
+    from gpufleet.sim.mixes import generate_mix
     from gpufleet.sim.run import RunSpec, run_one
-    from gpufleet.traces.mixes import generate_mix
 
     bad = [s for s in seeds if s >= TRAIN_SEED_BASE]
     if bad:
@@ -214,3 +216,25 @@ def summarize_eval(frame: pl.DataFrame) -> pl.DataFrame:
     return (frame.group_by("policy", maintain_order=True)
             .agg(pl.col("avg_jct_s", "p99_jct_s", "makespan_s", "gpu_util", "contention_gpu_h",
                         "multi_node_share", "wall_s").mean(), pl.len().alias("seeds")))
+
+
+#: The heuristic baselines ``rl`` is judged against: the best of them by average JCT.
+BASELINE_POLICIES = ("las", "srtf", "tiresias")
+
+
+def best_baseline(means: pl.DataFrame) -> str | None:
+    """The policy of :data:`BASELINE_POLICIES` with the lowest mean average JCT in :func:`summarize_eval`'s frame."""
+    base = means.filter(means["policy"].is_in(list(BASELINE_POLICIES)))
+    if base.height == 0:
+        return None
+    return str(base.sort("avg_jct_s")["policy"][0])
+
+
+def sized_clusters(spec: Any, factors: Sequence[int]) -> list[Any]:
+    """``spec`` scaled to each factor of its training GPUs (1: itself), for training on more than one size."""
+    from gpufleet.sim.workload import partitions_for
+
+    if not factors or min(factors) < 1:
+        raise ConfigError("--sizes needs factors of at least 1")
+    total = sum(p.total for p in partitions_for(spec))
+    return [spec if f == 1 else spec.resized(total * f) for f in factors]

@@ -10,7 +10,7 @@ from typing import Any
 import polars as pl
 
 from gpufleet.errors import ConfigError
-from gpufleet.sched.base import available_policies, make_policy
+from gpufleet.sched.policy import available_policies, make_policy
 from gpufleet.sim.config import SimConfig
 from gpufleet.sim.engine import Simulator
 from gpufleet.sim.network import network_for_run

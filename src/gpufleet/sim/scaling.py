@@ -42,7 +42,7 @@ class PerfCurve:
 
     def __init__(self, model: str, gpu: str, gpus_per_worker: int, nic: str = "ib-hdr") -> None:
         from gpufleet.perf.jobspeed import JobSpeedModel
-        from gpufleet.perf.model import load_model
+        from gpufleet.perf.model_spec import load_model
         from gpufleet.perf.system import System
 
         system = System.build(gpu=gpu, nic=nic, gpus_per_node=max(8, gpus_per_worker))

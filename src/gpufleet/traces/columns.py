@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from gpufleet.colmap import parse_column_map
 from gpufleet.errors import TraceError
 
 #: Accepted mapping keys (lower case) → canonical column.
@@ -73,30 +74,10 @@ def parse_columns(spec: str) -> dict[str, str]:
     """Parse the CLI form ``"submit=submission_time,duration=duration,gpus=num_gpu"`` into a mapping.
 
     Keys are returned lower-cased as written (aliases such as ``submit`` are kept; the loader accepts
-    them). Raises TraceError on a malformed pair, an unknown key or a key given twice.
+    them). Raises TraceError on a malformed pair, an unknown key or a key given twice
+    (:func:`gpufleet.colmap.parse_column_map`).
     """
-    result: dict[str, str] = {}
-    seen: dict[str, str] = {}
-    if not spec or not spec.strip():
-        raise TraceError(f"--columns is empty; give canonical=source pairs, e.g. '{_EXAMPLE}'")
-    for part in spec.split(","):
-        key, sep, value = part.partition("=")
-        key, value = key.strip().lower(), value.strip()
-        if not sep or not key or not value:
-            raise TraceError(
-                f"--columns: malformed pair '{part.strip()}' in '{spec}'; expected canonical=source pairs "
-                f"separated by commas, e.g. '{_EXAMPLE}'"
-            )
-        canonical = canonical_key(key)
-        if canonical is None:
-            raise TraceError(f"--columns: unknown column key '{key}'; accepted keys: {_accepted_keys()}")
-        if canonical in seen:
-            raise TraceError(
-                f"--columns: '{key}' and '{seen[canonical]}' both name column {canonical}; give it once"
-            )
-        seen[canonical] = key
-        result[key] = value
-    return result
+    return parse_column_map(spec, keys=KEY_ALIASES, error=TraceError, example=_EXAMPLE, pairs="canonical=source")
 
 
 def _find(available: Sequence[str], wanted: str) -> str | None:

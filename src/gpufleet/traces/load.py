@@ -17,7 +17,7 @@ import polars as pl
 from gpufleet.errors import TraceError
 from gpufleet.traces.canonical import ROW, TS
 from gpufleet.traces.columns import parse_columns
-from gpufleet.traces.readers import PHILLY_COLUMNS, csv_header, get_reader
+from gpufleet.traces.readers import detect_reader, get_reader
 from gpufleet.traces.schema import conform_jobs, sort_jobs
 from gpufleet.traces.validate import validate_jobs
 
@@ -72,12 +72,10 @@ def bundled_trace_path(name: str = BUNDLED_PHILLY) -> Path:
 
 
 def _pick_reader(path: Path) -> str:
-    """Reader name from the suffix; a CSV with exactly the Philly header goes to the philly reader."""
-    name = path.name.lower()
-    if name.endswith(".parquet"):
-        return "parquet"
-    if name.endswith((".csv", ".csv.gz")):
-        return "philly" if tuple(csv_header(path)) == PHILLY_COLUMNS else "csv"
+    """Reader name from the readers' suffixes and sniffing (a CSV with exactly the Philly header is philly)."""
+    name = detect_reader(path)
+    if name is not None:
+        return name
     raise TraceError(
         f"{path}: cannot tell the trace format from the suffix; use a {_SUFFIXES} file or pass a reader "
         f"(--reader csv|parquet|philly)"

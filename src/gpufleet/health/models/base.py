@@ -29,49 +29,43 @@ class FailureModel(Protocol):
 
 
 _REGISTRY: Registry[FailureModel] = Registry(
-    "failure model", ConfigError, listing="known", empty="none (install gpufleet[health])", set_name=False
+    "failure model",
+    ConfigError,
+    listing="known",
+    empty="none (install gpufleet[health])",
+    set_name=False,
+    package="gpufleet.health.models",  # every module here is imported; torch ones only when torch is installed
+    optional=("torch", "lightgbm", "sklearn"),
 )
-_HELP: dict[str, str] = {}
+#: the failure-model registry, under its public name
+MODELS = _REGISTRY
 
 
 def register_model(name: str, help: str = "") -> Callable[[Callable[..., FailureModel]], Callable[..., FailureModel]]:
-    """Class decorator: make the model constructible as ``make_model(name, **options)``."""
-
-    def deco(factory: Callable[..., FailureModel]) -> Callable[..., FailureModel]:
-        _REGISTRY.register(name)(factory)
-        _HELP[name] = help or (factory.__doc__ or "").strip().splitlines()[0]
-        return factory
-
-    return deco
+    """Class decorator: make the model constructible as ``make_model(name, **options)``; ``help`` is its
+    one-line summary (default: the first line of its docstring)."""
+    return _REGISTRY.register(name, help or None)
 
 
 def _load_builtin() -> None:
-    """Import the modules that register the built-in models (torch ones only when torch is installed)."""
-    import importlib
-
-    for module in ("gpufleet.health.models.gbdt", "gpufleet.health.models.torch_nets",
-                   "gpufleet.health.models.ensembles"):
-        try:
-            importlib.import_module(module)
-        except ImportError as exc:  # an optional extra is missing: its models are simply not listed
-            if exc.name not in ("torch", "lightgbm", "sklearn"):
-                raise
+    """Import the modules that register the built-in models (the registry discovers them once)."""
+    _REGISTRY.discover()
 
 
 def model_names() -> dict[str, str]:
     """Registered model names with a one-line description each."""
-    _load_builtin()
-    return dict(_HELP)
-
-
-#: the models built on torch: only they take ``torch_options`` (epochs, max_train, ...)
-TORCH_MODELS = frozenset({"mlp", "lstm", "cnn1d"})
+    return _REGISTRY.summaries()
 
 
 def make_model(name: str, *, torch_options: Mapping[str, Any] | None = None, **options: Any) -> FailureModel:
-    """A new, unfitted model by registered name; ``torch_options`` go to torch models only, so that one
-    set of options can be passed for any model name."""
-    _load_builtin()
-    if torch_options and name in TORCH_MODELS:
+    """A new, unfitted model by registered name; ``torch_options`` (epochs, max_train, ...) go only to models
+    that declare ``takes_torch_options``, so that one set of options can be passed for any model name."""
+    if torch_options and getattr(_REGISTRY.get(name), "takes_torch_options", False):  # the torch models
         options = {**torch_options, **options}
     return _REGISTRY.create(name, **options)
+
+
+def model_factory(name: str) -> Callable[..., FailureModel]:
+    """The factory (usually the class) registered as ``name``: model files name their classes this way."""
+    _load_builtin()
+    return _REGISTRY.get(name)

@@ -16,8 +16,9 @@ These are the paper's neural baselines (Liu et al., SYSTOR '23), and the two hal
 
 Everything is deterministic given ``seed`` (and ``threads``); fitting and scoring leave torch's global RNG and
 thread count as they found them. ``threads`` defaults to 1: these nets are small, and on a busy 2-core machine
-two torch threads ran up to 10 times slower than one. A fitted model pickles with plain ``pickle``: its weights
-are stored as NumPy arrays and the torch module is rebuilt on first use.
+two torch threads ran up to 10 times slower than one. A fitted model keeps its weights as NumPy arrays and
+rebuilds the torch module on first use, so it copies between processes with ``pickle`` and saves to a model file
+(:mod:`gpufleet.health.models.persist`: the weights in safetensors, the rest in JSON) with no extra code.
 
 torch is imported at module level on purpose: the model registry imports this module inside a guard and
 simply lists no torch models when torch is not installed.
@@ -38,6 +39,7 @@ from torch import nn
 
 from gpufleet.errors import HealthError
 from gpufleet.health.models.base import register_model
+from gpufleet.health.models.persist import plain_state
 from gpufleet.health.samples import Samples
 
 _CLIP = 8.0  # scaled inputs are clipped to +-_CLIP: one wild counter must not dominate a batch
@@ -51,6 +53,7 @@ class SamplesShapeError(HealthError, ValueError):
 # --------------------------------------------------------------------------------------------------- inputs
 
 
+@plain_state
 @dataclass
 class RobustScaler:
     """Per-column ``signed log1p``, then ``(x - center) / scale``, clipped; NaN -> 0 plus missing indicators.
@@ -217,6 +220,8 @@ class _TorchModel:
     """
 
     name = "torch"
+    #: :func:`~gpufleet.health.models.base.make_model` passes its ``torch_options`` to this model
+    takes_torch_options = True
 
     def __init__(
         self,

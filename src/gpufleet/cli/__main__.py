@@ -1,0 +1,5 @@
+"""``python -m gpufleet.cli``: the same as the ``gpufleet`` command."""
+
+from gpufleet.cli import main
+
+main()

@@ -1,0 +1,119 @@
+"""A rank whose steady own time in a category exceeds the other ranks' (``cross-rank``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+
+from gpufleet.diagnose.findings import Finding
+from gpufleet.diagnose.localize import MAD_TO_SIGMA, Localiser, LocaliserContext, alarm, localiser
+
+#: a cross-rank excess alarms only when the other ranks wait at least this share of it
+VICTIM_SHARE = 0.25
+
+
+def _top_functions(sites: pl.DataFrame, ranks: list[int], rank: int, k: int = 3) -> list[dict]:
+    """The functions with the largest excess on ``rank``: its steady seconds per step over the other ranks' median.
+
+    A rank that never calls a function spends 0 s in it, so a function only the slow rank runs (a debug check)
+    counts in full rather than being compared with itself.
+    """
+    per_rank = sites.group_by("rank", "function").agg(pl.col("time_s").sum(), pl.len().alias("sites"))
+    grid = pl.DataFrame({"rank": ranks}, schema={"rank": per_rank.schema["rank"]}).join(
+        per_rank.select("function").unique(), how="cross"
+    )
+    full = grid.join(per_rank, on=["rank", "function"], how="left").fill_null(0)
+    others = full.filter(pl.col("rank") != rank).group_by("function").agg(pl.col("time_s").median().alias("others"))
+    excess = (
+        full.filter(pl.col("rank") == rank)
+        .join(others, on="function")
+        .with_columns((pl.col("time_s") - pl.col("others")).alias("excess"))
+        .sort(["excess", "function"], descending=[True, False])
+        .head(k)
+    )
+    return [
+        {
+            "function": r["function"],
+            "excess_s_per_step": round(r["excess"], 6),
+            "this_rank_s_per_step": round(r["time_s"], 6),
+            "calls_per_step": int(r["sites"]),
+        }
+        for r in excess.iter_rows(named=True)
+    ]
+
+
+@localiser("cross-rank")
+class CrossRank(Localiser):
+    """A rank whose steady own time in one category exceeds the other ranks' (they then wait for it).
+
+    A rank's steady time is the sum, over its call sites, of each site's median over the steps (see
+    :func:`gpufleet.diagnose.summary.call_sites`). Per-step sums swing with every moment a process is
+    descheduled; the per-site medians do not, yet move with a slowdown that every step shares.
+    """
+
+    order = 10
+
+    def find(self, ctx: LocaliserContext) -> list[Finding]:
+        if ctx.n_ranks < 3 or ctx.sites is None:
+            return []
+        ranks = sorted(ctx.spans["rank"].unique().to_list())
+        steady = ctx.sites.group_by("rank", "domain", "category").agg(pl.col("time_s").sum())
+        waits = self._victims(ctx)
+        floor = ctx.thresholds.noise_share * ctx.step_s
+        findings = []
+        for (domain, category), group in steady.group_by("domain", "category"):
+            mine = dict(zip(group["rank"].to_list(), group["time_s"].to_list(), strict=True))
+            values = np.array([mine.get(r, 0.0) for r in ranks])
+            med = float(np.median(values))
+            scale = max(MAD_TO_SIGMA * float(np.median(np.abs(values - med))), floor, 1e-12)
+            for i, rank in enumerate(ranks):
+                others = float(np.median(np.delete(values, i)))
+                cost = float(values[i]) - others
+                score = cost / scale
+                if score < 2.0 or cost <= 0:
+                    continue
+                rows = ctx.sites.filter((pl.col("domain") == domain) & (pl.col("category") == category))
+                top = _top_functions(rows, ranks, rank)
+                findings.append(
+                    Finding(
+                        rank=rank,
+                        function=top[0]["function"] if top else category,
+                        category=category,
+                        cost_s_per_step=cost,
+                        score=score,
+                        evidence={
+                            "domain": domain,
+                            "this_rank_s_per_step": round(float(values[i]), 6),
+                            "median_rank_s_per_step": round(others, 6),
+                            "top_functions": top,
+                            "others_wait_s_per_step": waits.get(rank),
+                        },
+                        localiser=self.name,
+                        alarm=alarm(score, cost, ctx) and self._delays_others(waits.get(rank), cost),
+                    )
+                )
+        return findings
+
+    @staticmethod
+    def _delays_others(others_wait: float | None, cost: float) -> bool:
+        """Whether the other ranks wait for this rank's excess: at least a quarter of it (or no wait is known).
+
+        A straggler's extra work holds the others in the next collective. An excess nobody waits for is
+        overlapped, or the rank was itself descheduled while the others waited anyway: not a straggler.
+        """
+        return others_wait is None or others_wait >= VICTIM_SHARE * cost
+
+    @staticmethod
+    def _victims(ctx: LocaliserContext) -> dict[int, float]:
+        """Per rank: how much longer the *other* ranks wait (blocking collectives, syncs) than this rank does."""
+        waits = (
+            ctx.steps.filter(pl.col("domain") != "host-thread")  # gloo's thread waits in the same moments as the step's
+            .group_by("rank")
+            .agg(pl.col("wait_s").sum().alias("time_s"))
+        )
+        if waits.height < 2:
+            return {}
+        steps = ctx.spans.group_by("rank").agg(pl.len().alias("n"))
+        per = waits.join(steps, on="rank").with_columns((pl.col("time_s") / pl.col("n")).alias("w"))
+        values = dict(zip(per["rank"].to_list(), per["w"].to_list(), strict=True))
+        return {r: round(float(np.median([w for q, w in values.items() if q != r])) - w, 6) for r, w in values.items()}
