@@ -35,8 +35,10 @@ console = Console()
 
 def calibration(folder: Path | None) -> None:
     data = load_deepshare(folder)  # None: the tables shipped in the wheel
-    table = Table(title="contention model vs DeepShare's measured co-location ratios (30 % of cells held back)",
-                  header_style="bold")
+    table = Table(
+        title="contention model vs DeepShare's measured co-location ratios (30 % of cells held back)",
+        header_style="bold",
+    )
     for col in ("split seed", "train MAE", "held-back MAE", "held-back worst", "constant-mean MAE", "bar 0.08"):
         table.add_column(col, justify="right")
     maes = []
@@ -45,8 +47,14 @@ def calibration(folder: Path | None) -> None:
         held = ~rep.train_mask
         const = float(np.abs(rep.measured[held] - rep.measured[rep.train_mask].mean()).mean())
         maes.append(rep.test_mae)
-        table.add_row(str(seed), f"{rep.train_mae:.4f}", f"{rep.test_mae:.4f}", f"{rep.test_max:.3f}", f"{const:.4f}",
-                      "met" if rep.test_mae <= 0.08 else "NOT met")
+        table.add_row(
+            str(seed),
+            f"{rep.train_mae:.4f}",
+            f"{rep.test_mae:.4f}",
+            f"{rep.test_max:.3f}",
+            f"{const:.4f}",
+            "met" if rep.test_mae <= 0.08 else "NOT met",
+        )
     table.add_row("mean", "", f"{np.mean(maes):.4f}", "", "", "met" if np.mean(maes) <= 0.08 else "NOT met")
     console.print(table)
     rep = fit_contention(data, seed=0)
@@ -73,17 +81,35 @@ def compare(cluster_name: str, mix: str, seeds: int, model: str | None, jobs: in
     base = means.filter(pl.col("policy").is_in(["las", "srtf", "tiresias"])).sort("avg_jct_s")
     best = base["policy"][0]
     ref = _row(means, best)
-    table = Table(title=f"{mix} mix on {cluster_name}: {jobs} jobs at t = 0, mean of {seeds} unseen seeds "
-                        f"({time.perf_counter() - t0:.0f} s); true JCT = submission to completion",
-                  header_style="bold")
-    for col in ("policy", "avg JCT h", "p99 JCT h", "makespan h", "GPU util", "contention GPU-h", "multi-node",
-                f"avg vs {best}", f"p99 vs {best}"):
+    table = Table(
+        title=f"{mix} mix on {cluster_name}: {jobs} jobs at t = 0, mean of {seeds} unseen seeds "
+        f"({time.perf_counter() - t0:.0f} s); true JCT = submission to completion",
+        header_style="bold",
+    )
+    for col in (
+        "policy",
+        "avg JCT h",
+        "p99 JCT h",
+        "makespan h",
+        "GPU util",
+        "contention GPU-h",
+        "multi-node",
+        f"avg vs {best}",
+        f"p99 vs {best}",
+    ):
         table.add_column(col, justify="left" if col == "policy" else "right")
     for r in means.iter_rows(named=True):
-        table.add_row(r["policy"], f"{r['avg_jct_s'] / 3600:.2f}", f"{r['p99_jct_s'] / 3600:.2f}",
-                      f"{r['makespan_s'] / 3600:.2f}", f"{100 * r['gpu_util']:.1f} %", f"{r['contention_gpu_h']:.1f}",
-                      f"{100 * r['multi_node_share']:.0f} %", f"{100 * (r['avg_jct_s'] / ref['avg_jct_s'] - 1):+.1f} %",
-                      f"{100 * (r['p99_jct_s'] / ref['p99_jct_s'] - 1):+.1f} %")
+        table.add_row(
+            r["policy"],
+            f"{r['avg_jct_s'] / 3600:.2f}",
+            f"{r['p99_jct_s'] / 3600:.2f}",
+            f"{r['makespan_s'] / 3600:.2f}",
+            f"{100 * r['gpu_util']:.1f} %",
+            f"{r['contention_gpu_h']:.1f}",
+            f"{100 * r['multi_node_share']:.0f} %",
+            f"{100 * (r['avg_jct_s'] / ref['avg_jct_s'] - 1):+.1f} %",
+            f"{100 * (r['p99_jct_s'] / ref['p99_jct_s'] - 1):+.1f} %",
+        )
     console.print(table)
     rl = _row(means, "rl")
 
@@ -112,17 +138,33 @@ def compare(cluster_name: str, mix: str, seeds: int, model: str | None, jobs: in
 def mixes_vs_contention(seeds: int, model: str | None) -> None:
     spec = load_cluster("deepshare-testbed")
     opts = {"rl": {"model": model}} if model else {}
-    table = Table(title="rl vs the contention heuristic on every mix (4 x 8 GPUs, batch, unseen seeds)",
-                  header_style="bold")
-    for col in ("mix", "contention avg JCT h", "rl avg JCT h", "rl vs contention", "srtf avg JCT h",
-                "rl vs srtf", "within 2 %"):
+    table = Table(
+        title="rl vs the contention heuristic on every mix (4 x 8 GPUs, batch, unseen seeds)", header_style="bold"
+    )
+    for col in (
+        "mix",
+        "contention avg JCT h",
+        "rl avg JCT h",
+        "rl vs contention",
+        "srtf avg JCT h",
+        "rl vs srtf",
+        "within 2 %",
+    ):
         table.add_column(col, justify="right")
     for mix in ("light", "medium", "heavy", "random"):
-        means = summarize_eval(eval_policies(spec, ["srtf", "contention", "rl"], mix=mix, seeds=range(seeds),
-                                             jobs=256, policy_opts=opts))
+        means = summarize_eval(
+            eval_policies(spec, ["srtf", "contention", "rl"], mix=mix, seeds=range(seeds), jobs=256, policy_opts=opts)
+        )
         c, r, s = (_row(means, p)["avg_jct_s"] for p in ("contention", "rl", "srtf"))
-        table.add_row(mix, f"{c / 3600:.2f}", f"{r / 3600:.2f}", f"{100 * (r / c - 1):+.1f} %", f"{s / 3600:.2f}",
-                      f"{100 * (r / s - 1):+.1f} %", "yes" if r <= 1.02 * c else "NO")
+        table.add_row(
+            mix,
+            f"{c / 3600:.2f}",
+            f"{r / 3600:.2f}",
+            f"{100 * (r / c - 1):+.1f} %",
+            f"{s / 3600:.2f}",
+            f"{100 * (r / s - 1):+.1f} %",
+            "yes" if r <= 1.02 * c else "NO",
+        )
     console.print(table)
 
 
@@ -137,10 +179,20 @@ def philly(policies: list[str], repeat: int) -> None:
 
     jobs = with_comm_profiles(load_trace("philly").jobs, None)
     spec = load_cluster(None)
-    table = Table(title=f"whole Philly trace ({jobs.height:,} jobs, default cluster): --network vs without",
-                  header_style="bold")
-    for col in ("policy", "wall s, network off", f"wall s, --network (median of {repeat})", "slowest run", "ratio",
-                "avg JCT off h", "avg JCT on h", "contention GPU-h", "under 60 s"):
+    table = Table(
+        title=f"whole Philly trace ({jobs.height:,} jobs, default cluster): --network vs without", header_style="bold"
+    )
+    for col in (
+        "policy",
+        "wall s, network off",
+        f"wall s, --network (median of {repeat})",
+        "slowest run",
+        "ratio",
+        "avg JCT off h",
+        "avg JCT on h",
+        "contention GPU-h",
+        "under 60 s",
+    ):
         table.add_column(col, justify="right")
     for name in policies:
         off = run_one(RunSpec(name, jobs, spec, SimConfig())) if name not in ("contention", "random", "rl") else None
@@ -149,9 +201,17 @@ def philly(policies: list[str], repeat: int) -> None:
         walls = sorted(r.summary["wall_s"] for r in runs)
         w_off = off.summary["wall_s"] if off else float("nan")
         w_on = walls[(len(walls) - 1) // 2]
-        table.add_row(name, f"{w_off:.1f}", f"{w_on:.1f}", f"{walls[-1]:.1f}", f"{w_on / w_off:.1f}x" if off else "-",
-                      f"{off.summary['avg_jct_s'] / 3600:.1f}" if off else "-", f"{on.summary['avg_jct_s'] / 3600:.1f}",
-                      f"{on.summary['contention_gpu_h']:,.0f}", "yes" if w_on < 60 else "NO")
+        table.add_row(
+            name,
+            f"{w_off:.1f}",
+            f"{w_on:.1f}",
+            f"{walls[-1]:.1f}",
+            f"{w_on / w_off:.1f}x" if off else "-",
+            f"{off.summary['avg_jct_s'] / 3600:.1f}" if off else "-",
+            f"{on.summary['avg_jct_s'] / 3600:.1f}",
+            f"{on.summary['contention_gpu_h']:,.0f}",
+            "yes" if w_on < 60 else "NO",
+        )
     console.print(table)
 
 
@@ -159,8 +219,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", help="rl model zip (default: the shipped one)")
     ap.add_argument("--seeds", type=int, default=5)
-    ap.add_argument("--data", type=Path, default=None,
-                    help="folder of DeepShare's tables (default: the copy shipped with gpufleet)")
+    ap.add_argument(
+        "--data", type=Path, default=None, help="folder of DeepShare's tables (default: the copy shipped with gpufleet)"
+    )
     ap.add_argument("--skip-philly", action="store_true")
     ap.add_argument("--philly-repeat", type=int, default=3, help="--network runs per policy (median reported)")
     ap.add_argument("--skip-64", action="store_true")
@@ -179,9 +240,11 @@ def main() -> None:
     meta = default_model_path().with_suffix(".json")
     if not args.model and meta.is_file():
         info = json.loads(meta.read_text())
-        console.print(f"shipped rl model: the checkpoint at {info.get('steps', 0):,} steps of a "
-                      f"{info.get('run_steps', 0):,}-step run that took {info.get('train_s', 0):.0f} s on a "
-                      f"{info.get('machine', '?')}; {info.get('command', '?')}")
+        console.print(
+            f"shipped rl model: the checkpoint at {info.get('steps', 0):,} steps of a "
+            f"{info.get('run_steps', 0):,}-step run that took {info.get('train_s', 0):.0f} s on a "
+            f"{info.get('machine', '?')}; {info.get('command', '?')}"
+        )
     if not args.skip_philly:
         philly(args.philly_policies.split(","), args.philly_repeat)
     if args.json:

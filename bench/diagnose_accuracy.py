@@ -32,8 +32,15 @@ MAGNITUDES = {
     "sync": [4.0, 8.0],
     "hang": [-1.0],
 }
-CATEGORY = {"none": "none", "slow-rank": "compute", "slow-data": "data_loading", "python-pause": "cpu_stall",
-            "slow-collective": "communication", "sync": "sync", "hang": "hang"}
+CATEGORY = {
+    "none": "none",
+    "slow-rank": "compute",
+    "slow-data": "data_loading",
+    "python-pause": "cpu_stall",
+    "slow-collective": "communication",
+    "sync": "sync",
+    "hang": "hang",
+}
 
 
 def plan(seeds: int, quick: bool, nproc: int) -> list[tuple[str, int | None, float, int]]:
@@ -77,14 +84,30 @@ def main() -> None:
         top = alarms[0] if alarms else None
         got = top.category if top else "none"
         ok = (not alarms) if kind == "none" else (top is not None and top.rank == rank and got == CATEGORY[kind])
-        rows.append({"fault": kind, "rank": rank, "magnitude": mag, "seed": seed, "top_rank": top.rank if top else None,
-                     "top_category": got, "top_function": top.function if top else None,
-                     "cost_s_per_step": top.cost_s_per_step if top else 0.0, "score": top.score if top else 0.0,
-                     "ok": ok, "run_s": run_s, "diagnose_s": diag_s, "step_s": diagnosis.step_s_median})
+        rows.append(
+            {
+                "fault": kind,
+                "rank": rank,
+                "magnitude": mag,
+                "seed": seed,
+                "top_rank": top.rank if top else None,
+                "top_category": got,
+                "top_function": top.function if top else None,
+                "cost_s_per_step": top.cost_s_per_step if top else 0.0,
+                "score": top.score if top else 0.0,
+                "ok": ok,
+                "run_s": run_s,
+                "diagnose_s": diag_s,
+                "step_s": diagnosis.step_s_median,
+            }
+        )
         desc = f"{top.rank}, {got}, {top.function[:40]}" if top else "no alarm"
-        print(f"| {n} | {kind} | {rank} | {mag:g} | {seed} | {desc} | "
-              f"{(top.cost_s_per_step * 1e3 if top else 0):.1f} | {(top.score if top else 0):.1f} | "
-              f"{'yes' if ok else '**no**'} |", flush=True)
+        print(
+            f"| {n} | {kind} | {rank} | {mag:g} | {seed} | {desc} | "
+            f"{(top.cost_s_per_step * 1e3 if top else 0):.1f} | {(top.score if top else 0):.1f} | "
+            f"{'yes' if ok else '**no**'} |",
+            flush=True,
+        )
     print()
     cats = list(dict.fromkeys(CATEGORY.values()))
     confusion = Counter((CATEGORY[r["fault"]], r["top_category"]) for r in rows)
@@ -100,11 +123,14 @@ def main() -> None:
     faulted = [r for r in rows if r["fault"] != "none"]
     clean = [r for r in rows if r["fault"] == "none"]
     print()
-    print(f"faulted runs with the right rank and category on top: {sum(r['ok'] for r in faulted)}/{len(faulted)} "
-          f"({100 * sum(r['ok'] for r in faulted) / max(len(faulted), 1):.1f} %, bar 95 %)")
+    print(
+        f"faulted runs with the right rank and category on top: {sum(r['ok'] for r in faulted)}/{len(faulted)} "
+        f"({100 * sum(r['ok'] for r in faulted) / max(len(faulted), 1):.1f} %, bar 95 %)"
+    )
     print(f"no-fault runs without an alarm: {sum(r['ok'] for r in clean)}/{len(clean)}")
-    print(f"median diagnose time per run: {sorted(r['diagnose_s'] for r in rows)[len(rows) // 2]:.2f} s; "
-          f"traces in {root}")
+    print(
+        f"median diagnose time per run: {sorted(r['diagnose_s'] for r in rows)[len(rows) // 2]:.2f} s; traces in {root}"
+    )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
 

@@ -81,19 +81,31 @@ def main() -> None:
     table = pl.concat(tables)
     months = pl.concat(monthly)
 
-    t = Table(title=f"{arrays.gpus:,} GPUs x {arrays.hours / 24:g} days: {result.failures} failures in the test span"
-              f"{lstm_note}; budget {args.budget:g} alerts/GPU/round", header_style="bold")
+    t = Table(
+        title=f"{arrays.gpus:,} GPUs x {arrays.hours / 24:g} days: {result.failures} failures in the test span"
+        f"{lstm_note}; budget {args.budget:g} alerts/GPU/round",
+        header_style="bold",
+    )
     month_names = sorted(months["month"].unique().to_list())
     for col in ("model", "mode", "alerts", "precision", "recall", "F1", "lead h", *month_names):
         t.add_column(col, justify="left" if col in ("model", "mode") else "right")
     for r in table.iter_rows(named=True):
-        per = {m["month"]: m for m in months.filter((pl.col("model") == r["model"]) & (pl.col("mode") == r["mode"]))
-               .iter_rows(named=True)}
-        t.add_row(r["model"], r["mode"], f"{r['alerts']:,}", f"{100 * r['precision']:.1f} %",
-                  f"{100 * r['recall']:.1f} %", f"{r['f1']:.3f}",
-                  "-" if r["lead_h_median"] is None else f"{r['lead_h_median']:.0f}",
-                  *[f"{100 * per[m]['precision']:.0f} % ({per[m]['alerts']})" if m in per else "-"
-                    for m in month_names])
+        per = {
+            m["month"]: m
+            for m in months.filter((pl.col("model") == r["model"]) & (pl.col("mode") == r["mode"])).iter_rows(
+                named=True
+            )
+        }
+        t.add_row(
+            r["model"],
+            r["mode"],
+            f"{r['alerts']:,}",
+            f"{100 * r['precision']:.1f} %",
+            f"{100 * r['recall']:.1f} %",
+            f"{r['f1']:.3f}",
+            "-" if r["lead_h_median"] is None else f"{r['lead_h_median']:.0f}",
+            *[f"{100 * per[m]['precision']:.0f} % ({per[m]['alerts']})" if m in per else "-" for m in month_names],
+        )
     console.print(t)
 
     singles_once = table.filter(pl.col("model").is_in(["gbdt", "mlp", "cnn1d"]) & (pl.col("mode") == "once"))
@@ -104,24 +116,34 @@ def main() -> None:
     for col in ("", "precision", "ratio to baseline", "paper"):
         s.add_column(col, justify="left" if col == "" else "right")
     s.add_row("single models, train-once (mean: baseline)", f"{100 * base:.1f} %", "1.00x", "46.3 %")
-    s.add_row(f"best ensemble + sliding ({best['model']})", f"{100 * best['precision']:.1f} %",
-              f"{best['precision'] / base:.2f}x", "84.0 %")
+    s.add_row(
+        f"best ensemble + sliding ({best['model']})",
+        f"{100 * best['precision']:.1f} %",
+        f"{best['precision'] / base:.2f}x",
+        "84.0 %",
+    )
     console.print(s)
 
     # decay: pooled precision per month (right alerts / alerts) of the single models, once vs sliding
-    d = Table(title="drift: pooled precision of GBDT + MLP + 1D-CNN by month (right alerts / alerts)",
-              header_style="bold")
+    d = Table(
+        title="drift: pooled precision of GBDT + MLP + 1D-CNN by month (right alerts / alerts)", header_style="bold"
+    )
     d.add_column("")
     for m in month_names:
         d.add_column(m, justify="right")
     for mode in ("once", "sliding"):
         part = months.filter(pl.col("model").is_in(["gbdt", "mlp", "cnn1d"]) & (pl.col("mode") == mode))
-        pooled = (part.group_by("month").agg((pl.col("precision") * pl.col("alerts")).sum().alias("right"),
-                                             pl.col("alerts").sum()))
+        pooled = part.group_by("month").agg(
+            (pl.col("precision") * pl.col("alerts")).sum().alias("right"), pl.col("alerts").sum()
+        )
         by = {r["month"]: r for r in pooled.iter_rows(named=True)}
-        d.add_row(f"single models, {mode}", *[
-            f"{100 * by[m]['right'] / by[m]['alerts']:.0f} %" if m in by and by[m]["alerts"] else "-"
-            for m in month_names])
+        d.add_row(
+            f"single models, {mode}",
+            *[
+                f"{100 * by[m]['right'] / by[m]['alerts']:.0f} %" if m in by and by[m]["alerts"] else "-"
+                for m in month_names
+            ],
+        )
     console.print(d)
 
     tt = Table(title="wall time", header_style="bold")

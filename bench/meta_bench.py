@@ -35,9 +35,14 @@ def _check(result: dict) -> list[tuple[str, bool, str]]:
         worst = max(abs(v["auc"] - ref) for k, v in acc.items() if k.startswith(("gmeta@", "naive@")))
         checks.append(("distributed AUC within 0.005 of 1 process", worst <= 0.005, f"max |dAUC| {worst:.5f}"))
         gain = ref - acc["plain"]["auc"]
-        checks.append(("meta beats the plain DLRM (cold-start AUC)", gain > 0,
-                       f"{ref:.4f} vs {acc['plain']['auc']:.4f} ({gain:+.4f}); GAUC {acc[next(iter(acc))]['gauc']:.4f}"
-                       f" vs {acc['plain']['gauc']:.4f}"))
+        checks.append(
+            (
+                "meta beats the plain DLRM (cold-start AUC)",
+                gain > 0,
+                f"{ref:.4f} vs {acc['plain']['auc']:.4f} ({gain:+.4f}); GAUC {acc[next(iter(acc))]['gauc']:.4f}"
+                f" vs {acc['plain']['gauc']:.4f}",
+            )
+        )
     return checks
 
 
@@ -49,8 +54,12 @@ def main() -> None:
     ap.add_argument("--no-accuracy", action="store_true", help="throughput only")
     ap.add_argument("--json", type=Path, default=None, help="also write the raw figures here")
     args = ap.parse_args()
-    config = BenchConfig(ranks=tuple(int(r) for r in args.ranks.split(",")), tasks=args.tasks, steps=args.steps,
-                         accuracy=not args.no_accuracy)
+    config = BenchConfig(
+        ranks=tuple(int(r) for r in args.ranks.split(",")),
+        tasks=args.tasks,
+        steps=args.steps,
+        accuracy=not args.no_accuracy,
+    )
     result = run_bench(config, log=lambda msg: console.print(f"[dim]{msg}[/]"))
     print_bench(result, console)
     for name, ok, detail in _check(result):

@@ -6,8 +6,9 @@ from __future__ import annotations
 import numpy as np
 
 
-def naive_fifo(submit: np.ndarray, duration: np.ndarray, gpus: np.ndarray, total_gpus: int,
-               step_s: float = 60.0) -> np.ndarray:
+def naive_fifo(
+    submit: np.ndarray, duration: np.ndarray, gpus: np.ndarray, total_gpus: int, step_s: float = 60.0
+) -> np.ndarray:
     """Finish times under strict FIFO, simulated in rounds of ``step_s`` seconds (GPU counts only)."""
     order = np.argsort(submit, kind="stable")
     n = len(order)

@@ -29,8 +29,15 @@ def _loop_search(model, system, gpus, gbs):
     valid = _valid(model, gbs, model.seq, cands)
     best = (np.inf, None)
     for i in np.flatnonzero(valid):
-        layout = Layout(tp=int(cands["tp"][i]), pp=int(cands["pp"][i]), dp=int(cands["dp"][i]), cp=1,
-                        mbs=int(cands["mbs"][i]), vp=int(cands["vp"][i]), recompute=RECOMPUTE_MODES[cands["rc"][i]])
+        layout = Layout(
+            tp=int(cands["tp"][i]),
+            pp=int(cands["pp"][i]),
+            dp=int(cands["dp"][i]),
+            cp=1,
+            mbs=int(cands["mbs"][i]),
+            vp=int(cands["vp"][i]),
+            recompute=RECOMPUTE_MODES[cands["rc"][i]],
+        )
         try:
             est = estimate_step(model, system, layout, gbs, check=False)
         except ConfigError:
@@ -59,11 +66,20 @@ def main() -> None:
         n_valid, (loop_best, _) = _loop_search(model, system, gpus, gbs)
         loop = time.perf_counter() - t0
         same = abs(float(plan.table["step_time_s"][0]) - loop_best) < 1e-9
-        speed.add_row(f"{name} on {gpus} {gpu}", f"{plan.searched:,} ({n_valid:,} valid)", f"{vec:.3f}",
-                      f"{loop:.2f}", f"{loop / vec:.0f}x", str(same), plan.best.describe())
+        speed.add_row(
+            f"{name} on {gpus} {gpu}",
+            f"{plan.searched:,} ({n_valid:,} valid)",
+            f"{vec:.3f}",
+            f"{loop:.2f}",
+            f"{loop / vec:.0f}x",
+            str(same),
+            plan.best.describe(),
+        )
     console.print(speed)
-    console.print("Calculon's exhaustive search for GPT-3 175B on 12,288 GPUs: about a minute (its README); "
-                  "hours on 2 cores (REFERENCES.md). Not run here.\n")
+    console.print(
+        "Calculon's exhaustive search for GPT-3 175B on 12,288 GPUs: about a minute (its README); "
+        "hours on 2 cores (REFERENCES.md). Not run here.\n"
+    )
 
     cases, skipped = read_cases()
     t0 = time.perf_counter()
@@ -87,8 +103,9 @@ def main() -> None:
         layout = Layout(tp=8, pp=8, dp=gpus // 64, vp=6)
         t_base = estimate_step(model, system, layout, gbs, options=base).step_time_s
         t_ms = estimate_step(model, system, layout, gbs, options=TrainOptions.megascale()).step_time_s
-        gain.add_row(str(gpus), str(gbs), f"{pub_base} → {pub_ms}", f"{pub_ms / pub_base:.2f}x",
-                     f"{t_base / t_ms:.2f}x")
+        gain.add_row(
+            str(gpus), str(gbs), f"{pub_base} → {pub_ms}", f"{pub_ms / pub_base:.2f}x", f"{t_base / t_ms:.2f}x"
+        )
     console.print(gain)
     console.print("12,288-GPU MegaScale figure: 55.2 % MFU, 1.34x Megatron-LM (paper abstract).\n")
 
@@ -100,8 +117,14 @@ def main() -> None:
     for col in ("placement", "layout", "step s", "tokens/s", "TFLOP/s/GPU", "vs naive"):
         het.add_column(col, justify="left" if col in ("placement", "layout") else "right")
     for row in res.summary.iter_rows(named=True):
-        het.add_row(row["placement"], row["layout"], f"{row['step_time_s']:.2f}", f"{row['tokens_per_s']:,.0f}",
-                    f"{row['tflops_per_gpu']:.1f}", f"{row['vs_naive']:.2f}x")
+        het.add_row(
+            row["placement"],
+            row["layout"],
+            f"{row['step_time_s']:.2f}",
+            f"{row['tokens_per_s']:,.0f}",
+            f"{row['tflops_per_gpu']:.1f}",
+            f"{row['vs_naive']:.2f}x",
+        )
     console.print(het)
 
 

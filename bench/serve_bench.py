@@ -36,25 +36,36 @@ def main() -> None:
     ap.add_argument("--json-out", type=Path, help="also write the raw results here")
     args = ap.parse_args()
 
-    config = ServeBenchConfig(base=args.base, rank=args.rank, device=args.device, dtype=args.dtype,
-                              popularities=tuple(p for p in args.popularity.split(",") if p),
-                              workload=WorkloadConfig(requests=args.requests), repeat=args.repeat)
+    config = ServeBenchConfig(
+        base=args.base,
+        rank=args.rank,
+        device=args.device,
+        dtype=args.dtype,
+        popularities=tuple(p for p in args.popularity.split(",") if p),
+        workload=WorkloadConfig(requests=args.requests),
+        repeat=args.repeat,
+    )
     t0 = time.perf_counter()
     results = run_serve_bench(config, log=lambda msg: console.log(msg))
     wall = time.perf_counter() - t0
     console.print(serve_bench_table(results))
 
-    bar = Table(title=f"the bar (Distinct): >= {PUNICA_BAR['per_adapter_speedup']:g}x per-adapter, base-only "
-                      f"within {PUNICA_BAR['base_only_slowdown']:g}x", header_style="bold")
+    bar = Table(
+        title=f"the bar (Distinct): >= {PUNICA_BAR['per_adapter_speedup']:g}x per-adapter, base-only "
+        f"within {PUNICA_BAR['base_only_slowdown']:g}x",
+        header_style="bold",
+    )
     for col in ("popularity", "gpufleet ÷ per-adapter", "base-only ÷ gpufleet", "met"):
         bar.add_column(col, justify="left" if col == "popularity" else "right")
     for row in bar_rows(results):
         met = "" if row["met"] is None else ("yes" if row["met"] else "NO")
         bar.add_row(row["popularity"], f"{row['per_adapter_speedup']:.2f}×", f"{row['base_only_slowdown']:.2f}×", met)
     console.print(bar)
-    console.print(f"{args.base} on {args.device} ({args.dtype}), rank {args.rank}, {args.requests} requests per "
-                  f"popularity, batches of {config.workload.batch}, median of {args.repeat} runs per system; "
-                  f"{wall:.0f} s in all")
+    console.print(
+        f"{args.base} on {args.device} ({args.dtype}), rank {args.rank}, {args.requests} requests per "
+        f"popularity, batches of {config.workload.batch}, median of {args.repeat} runs per system; "
+        f"{wall:.0f} s in all"
+    )
     if args.json_out:
         args.json_out.write_text(json.dumps(results, indent=1))
 

@@ -25,8 +25,9 @@ from gpufleet.serve.ops import get_lora_ops, segments_from_indices
 SLOTS = 8
 
 
-def naive_add_lora(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor,
-                   idx: torch.Tensor) -> torch.Tensor:
+def naive_add_lora(
+    y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, idx: torch.Tensor
+) -> torch.Tensor:
     """The baseline: for each adapter present, gather its rows, two matmuls, scatter-add into y."""
     for slot in torch.unique(idx).tolist():
         if slot < 0:
@@ -87,8 +88,9 @@ def moved_bytes(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, idx: torch.Te
     return (rows * h * 3 + used * (a[0].numel() + b[0].numel())) * x.element_size() + rows * rank * 4 * 2
 
 
-def run_case(mode: str, rows: int, h: int, rank: int, dtype: torch.dtype, device: torch.device,
-             triton_ops, reps: int) -> dict:
+def run_case(
+    mode: str, rows: int, h: int, rank: int, dtype: torch.dtype, device: torch.device, triton_ops, reps: int
+) -> dict:
     """One table row: torch backend, naive baseline and (with CUDA) Triton, on the same inputs."""
     x, y, a, b, scales, idx = make_inputs(mode, rows, h, rank, dtype, device)
     torch_ops = get_lora_ops("torch")
@@ -98,8 +100,10 @@ def run_case(mode: str, rows: int, h: int, rank: int, dtype: torch.dtype, device
         indptr, lora = segments_from_indices(idx.cpu())
         kwargs = {"seg_indptr": indptr, "seg_lora": lora}
     row = {"op": mode, "rows": rows, "h": h, "rank": rank, "segments": len(torch.unique(idx))}
-    fns = {"torch_ms": lambda: torch_ops.add_lora(y, x, a, b, scales, **kwargs),
-           "naive_ms": lambda: naive_add_lora(y, x, a, b, scales, idx)}
+    fns = {
+        "torch_ms": lambda: torch_ops.add_lora(y, x, a, b, scales, **kwargs),
+        "naive_ms": lambda: naive_add_lora(y, x, a, b, scales, idx),
+    }
     if triton_ops is not None:
         fns["triton_ms"] = lambda: triton_ops.add_lora(y, x, a, b, scales, **kwargs)
     row.update(timed(fns, device, reps))
@@ -112,8 +116,9 @@ def shapes(quick: bool) -> list[tuple[str, int, int, int]]:
     bgmv_rows = [1, 32] if quick else [1, 8, 32, 128]
     sgmv_rows = [256, 1024] if quick else [256, 1024, 4096]
     hs, ranks = ([2048], [16, 64]) if quick else ([2048, 4096], [16, 64])
-    return ([("bgmv", n, h, r) for n in bgmv_rows for h in hs for r in ranks]
-            + [("sgmv", n, h, r) for n in sgmv_rows for h in hs for r in ranks])
+    return [("bgmv", n, h, r) for n in bgmv_rows for h in hs for r in ranks] + [
+        ("sgmv", n, h, r) for n in sgmv_rows for h in hs for r in ranks
+    ]
 
 
 def print_table(rows: list[dict], copy_gbps: float | None) -> None:
@@ -122,11 +127,15 @@ def print_table(rows: list[dict], copy_gbps: float | None) -> None:
         head += f" {'triton ms':>9} {'vs naive':>8} {'GB/s':>7} {'of copy':>7}"
     print(head)
     for r in rows:
-        line = (f"{r['op']:5} {r['rows']:>5} {r['h']:>5} {r['rank']:>3} {r['segments']:>4} {r['torch_ms']:>9.3f} "
-                f"{r['naive_ms']:>9.3f} {r['naive_ms'] / r['torch_ms']:>6.2f}x")
+        line = (
+            f"{r['op']:5} {r['rows']:>5} {r['h']:>5} {r['rank']:>3} {r['segments']:>4} {r['torch_ms']:>9.3f} "
+            f"{r['naive_ms']:>9.3f} {r['naive_ms'] / r['torch_ms']:>6.2f}x"
+        )
         if copy_gbps is not None:
-            line += (f" {r['triton_ms']:>9.3f} {r['naive_ms'] / r['triton_ms']:>7.1f}x {r['triton_gbps']:>7.0f} "
-                     f"{100 * r['triton_gbps'] / copy_gbps:>6.0f}%")
+            line += (
+                f" {r['triton_ms']:>9.3f} {r['naive_ms'] / r['triton_ms']:>7.1f}x {r['triton_gbps']:>7.0f} "
+                f"{100 * r['triton_gbps'] / copy_gbps:>6.0f}%"
+            )
         print(line)
     if copy_gbps is not None:
         print(f"device copy bandwidth: {copy_gbps:.0f} GB/s")
@@ -135,8 +144,12 @@ def print_table(rows: list[dict], copy_gbps: float | None) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    ap.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default=None,
-                    help="default: float32 on CPU, float16 on CUDA")
+    ap.add_argument(
+        "--dtype",
+        choices=["float32", "float16", "bfloat16"],
+        default=None,
+        help="default: float32 on CPU, float16 on CUDA",
+    )
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="fewer shapes")
     ap.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
@@ -148,8 +161,10 @@ def main() -> None:
     device = torch.device("cuda" if cuda else "cpu")
     dtype = getattr(torch, args.dtype or ("float16" if cuda else "float32"))
     triton_ops = get_lora_ops("triton") if cuda else None
-    print(f"device {device} ({torch.cuda.get_device_name(device) if cuda else f'{torch.get_num_threads()} threads'}),"
-          f" dtype {str(dtype).removeprefix('torch.')}, {SLOTS} adapter slots, best of {args.reps}")
+    print(
+        f"device {device} ({torch.cuda.get_device_name(device) if cuda else f'{torch.get_num_threads()} threads'}),"
+        f" dtype {str(dtype).removeprefix('torch.')}, {SLOTS} adapter slots, best of {args.reps}"
+    )
     rows = [run_case(*shape, dtype, device, triton_ops, args.reps) for shape in shapes(args.quick)]
     copy_gbps = copy_bandwidth(device) if cuda else None
     print_table(rows, copy_gbps)

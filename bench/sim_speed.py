@@ -34,45 +34,84 @@ def main(quick: bool = False) -> None:
     # 1. Philly, end to end including reading the trace, on two cluster sizes where queues form
     for gpus in (768, 512):
         for policy in ("fifo", "tiresias"):
+
             def run(policy=policy, gpus=gpus):
                 jobs = load_trace("philly").jobs
                 cluster = load_cluster().resized(gpus)
                 return run_policies(jobs, cluster, [policy])[0]
+
             r, wall = timed(run)
             s = r.summary
-            table.add_row("philly", f"{s['jobs']:,}", f"{gpus:,}", policy, f"{wall:.2f}", f"{s['wall_s']:.2f}",
-                          f"{s['events'] / s['wall_s']:,.0f}", f"{s['jobs'] / s['wall_s']:,.0f}",
-                          f"avg queue {s['avg_queue_s']:,.0f} s, {s['preemptions']:,} preemptions")
+            table.add_row(
+                "philly",
+                f"{s['jobs']:,}",
+                f"{gpus:,}",
+                policy,
+                f"{wall:.2f}",
+                f"{s['wall_s']:.2f}",
+                f"{s['events'] / s['wall_s']:,.0f}",
+                f"{s['jobs'] / s['wall_s']:,.0f}",
+                f"avg queue {s['avg_queue_s']:,.0f} s, {s['preemptions']:,} preemptions",
+            )
 
     # 2. 1,000,000 synthetic jobs on a 100,000-GPU cluster at 80 % offered load
     n_big = 100_000 if quick else 1_000_000
+
     def big():
         jobs = generate_jobs(n_big, seed=1)
         # stretch or squeeze arrivals so the offered load is 80 % of the cluster
         offered = float((jobs["num_gpus"] * jobs["duration_s"]).sum()) / float(jobs["submit_s"].max())
         jobs = jobs.with_columns(jobs["submit_s"] * (offered / (0.8 * 100_000)))
         return run_policies(jobs, ClusterSpec.single_pool(100_000, gpu="h100"), ["fifo"])[0]
+
     r, wall = timed(big)
     s = r.summary
-    table.add_row("synthetic", f"{s['jobs']:,}", "100,000", "fifo", f"{wall:.2f}", f"{s['wall_s']:.2f}",
-                  f"{s['events'] / s['wall_s']:,.0f}", f"{s['jobs'] / s['wall_s']:,.0f}",
-                  f"util {100 * s['gpu_util']:.1f} %, avg queue {s['avg_queue_s']:,.0f} s")
+    table.add_row(
+        "synthetic",
+        f"{s['jobs']:,}",
+        "100,000",
+        "fifo",
+        f"{wall:.2f}",
+        f"{s['wall_s']:.2f}",
+        f"{s['events'] / s['wall_s']:,.0f}",
+        f"{s['jobs'] / s['wall_s']:,.0f}",
+        f"util {100 * s['gpu_util']:.1f} %, avg queue {s['avg_queue_s']:,.0f} s",
+    )
 
     # 3. event-driven engine vs a round-based reference (60 s rounds) on the same Philly slice
     n_slice = 10_000 if quick else 30_000
     jobs = load_trace("philly").jobs.head(n_slice)
     cluster = ClusterSpec.single_pool(512)
     ours = run_policies(jobs, cluster, ["fifo"])[0]
-    naive_finish, naive_wall = timed(lambda: naive_fifo(jobs["submit_s"].to_numpy(), jobs["duration_s"].to_numpy(),
-                                                        jobs["num_gpus"].to_numpy(), 512, 60.0))
+    naive_finish, naive_wall = timed(
+        lambda: naive_fifo(
+            jobs["submit_s"].to_numpy(), jobs["duration_s"].to_numpy(), jobs["num_gpus"].to_numpy(), 512, 60.0
+        )
+    )
     naive_jct = float(np.nanmean(naive_finish - jobs["submit_s"].to_numpy()))
     s = ours.summary
-    table.add_row("philly slice", f"{n_slice:,}", "512", "fifo (ours)", "", f"{s['wall_s']:.2f}",
-                  f"{s['events'] / s['wall_s']:,.0f}", f"{s['jobs'] / s['wall_s']:,.0f}",
-                  f"avg JCT {s['avg_jct_s']:,.0f} s")
-    table.add_row("philly slice", f"{n_slice:,}", "512", "fifo (60 s rounds)", "", f"{naive_wall:.2f}", "",
-                  f"{n_slice / naive_wall:,.0f}",
-                  f"avg JCT {naive_jct:,.0f} s; ours is {naive_wall / s['wall_s']:.1f}x faster")
+    table.add_row(
+        "philly slice",
+        f"{n_slice:,}",
+        "512",
+        "fifo (ours)",
+        "",
+        f"{s['wall_s']:.2f}",
+        f"{s['events'] / s['wall_s']:,.0f}",
+        f"{s['jobs'] / s['wall_s']:,.0f}",
+        f"avg JCT {s['avg_jct_s']:,.0f} s",
+    )
+    table.add_row(
+        "philly slice",
+        f"{n_slice:,}",
+        "512",
+        "fifo (60 s rounds)",
+        "",
+        f"{naive_wall:.2f}",
+        "",
+        f"{n_slice / naive_wall:,.0f}",
+        f"avg JCT {naive_jct:,.0f} s; ours is {naive_wall / s['wall_s']:.1f}x faster",
+    )
     console.print(table)
 
 

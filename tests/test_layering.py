@@ -34,8 +34,13 @@ def test_contracts_are_declared() -> None:
 
 
 def test_lint_imports_keeps_every_contract() -> None:
-    done = subprocess.run([*_lint_imports(), str(ROOT / "pyproject.toml"), "--no-cache", "--no-logo"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [*_lint_imports(), str(ROOT / "pyproject.toml"), "--no-cache", "--no-logo"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     report = done.stdout + done.stderr
     assert done.returncode == 0, f"lint-imports broke a layering contract:\n{report}"
     assert "0 broken" in report, report

@@ -98,11 +98,16 @@ def test_package_modules_are_discovered_on_first_lookup_and_missing_extras_skipp
     decorate = (
         "from toy_registry_holder import REG\n\n@REG.register('{0}')\nclass W:\n    '''{0} widget.\n\n    more'''\n"
     )
-    _package(tmp_path, monkeypatch, "toyplugins", {
-        "alpha": decorate.format("alpha"),
-        "beta": decorate.format("beta"),
-        "needs_extra": "import no_such_extra_pkg\n" + decorate.format("extra"),
-    })
+    _package(
+        tmp_path,
+        monkeypatch,
+        "toyplugins",
+        {
+            "alpha": decorate.format("alpha"),
+            "beta": decorate.format("beta"),
+            "needs_extra": "import no_such_extra_pkg\n" + decorate.format("extra"),
+        },
+    )
     assert reg.names() == ["alpha", "beta"]
     assert reg.summaries() == {"alpha": "alpha widget.", "beta": "beta widget."}
     assert reg.help_text() == "alpha: alpha widget.; beta: beta widget."
@@ -148,8 +153,12 @@ def test_detect_prefers_a_sniffing_reader_then_the_suffix_then_content_only_read
 
     for name, cls in (("plain", Plain), ("special", Special), ("content", Content)):
         reg.register(name)(cls)
-    for file, text, expected in (("a.csv", "special,x", "special"), ("b.csv", "x,y", "plain"),
-                                 ("c.txt", "# hi", "content"), ("d.txt", "hi", "fallback")):
+    for file, text, expected in (
+        ("a.csv", "special,x", "special"),
+        ("b.csv", "x,y", "plain"),
+        ("c.txt", "# hi", "content"),
+        ("d.txt", "hi", "fallback"),
+    ):
         (tmp_path / file).write_text(text)
         assert reg.detect(tmp_path / file, fallback="fallback") == expected
 

@@ -13,8 +13,7 @@ from gpufleet import cli
 
 def gpufleet(*args: str) -> subprocess.CompletedProcess:
     """``gpufleet ARGS...`` in a fresh interpreter; stdout and stderr captured as text."""
-    return subprocess.run([sys.executable, "-m", "gpufleet.cli", *args], capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run([sys.executable, "-m", "gpufleet.cli", *args], capture_output=True, text=True, timeout=300)
 
 
 def run_main(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:

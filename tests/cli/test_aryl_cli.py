@@ -25,8 +25,22 @@ COLUMNS = "submit=submission_time,duration=duration,gpus=num_gpu"
 
 def test_aryl_variants_json(trace, tmp_path):
     report = tmp_path / "aryl.html"
-    res = gpufleet("simulate", "--trace", str(trace), "--columns", COLUMNS, "--gpus", "64",
-                   "--policy", "aryl-base,aryl", "--inference", "diurnal", "--json", "--report", str(report))
+    res = gpufleet(
+        "simulate",
+        "--trace",
+        str(trace),
+        "--columns",
+        COLUMNS,
+        "--gpus",
+        "64",
+        "--policy",
+        "aryl-base,aryl",
+        "--inference",
+        "diurnal",
+        "--json",
+        "--report",
+        str(report),
+    )
     assert res.returncode == 0, res.stderr
     rows = {r["policy"]: r for r in json.loads(res.stdout)}
     assert set(rows) == {"aryl-base", "aryl"}
@@ -42,11 +56,26 @@ def test_aryl_variants_json(trace, tmp_path):
 
 
 def test_bare_opt_applies_to_every_policy_that_has_it(trace):
-    res = gpufleet("simulate", "--trace", str(trace), "--columns", COLUMNS, "--gpus", "64", "--policy",
-                   "aryl,fifo", "--inference", "diurnal", "--opt", "reclaim=random", "--json")
+    res = gpufleet(
+        "simulate",
+        "--trace",
+        str(trace),
+        "--columns",
+        COLUMNS,
+        "--gpus",
+        "64",
+        "--policy",
+        "aryl,fifo",
+        "--inference",
+        "diurnal",
+        "--opt",
+        "reclaim=random",
+        "--json",
+    )
     assert res.returncode == 0, res.stderr
-    bad = gpufleet("simulate", "--trace", str(trace), "--columns", COLUMNS, "--policy", "fifo",
-                   "--opt", "reclaim=random", "--json")
+    bad = gpufleet(
+        "simulate", "--trace", str(trace), "--columns", COLUMNS, "--policy", "fifo", "--opt", "reclaim=random", "--json"
+    )
     assert bad.returncode == 2
     assert "none of the chosen policies" in bad.stderr and "Traceback" not in bad.stderr
 
@@ -54,7 +83,8 @@ def test_bare_opt_applies_to_every_policy_that_has_it(trace):
 def test_bad_inference_csv_is_one_line(trace, tmp_path):
     load = tmp_path / "load.csv"
     load.write_text("time,servers_needed\n0,10\n600,-3\n1200,5\n")
-    res = gpufleet("simulate", "--trace", str(trace), "--columns", COLUMNS, "--policy", "aryl",
-                   "--inference", str(load), "--json")
+    res = gpufleet(
+        "simulate", "--trace", str(trace), "--columns", COLUMNS, "--policy", "aryl", "--inference", str(load), "--json"
+    )
     assert res.returncode == 2
     assert "-3" in res.stderr and "line 3" in res.stderr and "load.csv" in res.stderr and "Traceback" not in res.stderr

@@ -9,8 +9,18 @@ import polars as pl
 import pytest
 from cli_helpers import gpufleet
 
-REQUIRED_KEYS = {"policy", "jobs", "avg_jct_s", "p99_jct_s", "avg_queue_s", "p95_queue_s", "gpu_util",
-                 "makespan_s", "preemptions", "wall_s"}
+REQUIRED_KEYS = {
+    "policy",
+    "jobs",
+    "avg_jct_s",
+    "p99_jct_s",
+    "avg_queue_s",
+    "p95_queue_s",
+    "gpu_util",
+    "makespan_s",
+    "preemptions",
+    "wall_s",
+}
 
 
 @pytest.fixture(scope="module")
@@ -24,9 +34,18 @@ def small_csv(tmp_path_factory) -> Path:
 
 
 def test_simulate_json_with_column_mapping(small_csv):
-    res = gpufleet("simulate", "--trace", str(small_csv), "--columns",
-                   "submit=submission_time,duration=duration,gpus=num_gpu", "--gpus", "16",
-                   "--policy", "fifo,sjf", "--json")
+    res = gpufleet(
+        "simulate",
+        "--trace",
+        str(small_csv),
+        "--columns",
+        "submit=submission_time,duration=duration,gpus=num_gpu",
+        "--gpus",
+        "16",
+        "--policy",
+        "fifo,sjf",
+        "--json",
+    )
     assert res.returncode == 0, res.stderr
     rows = json.loads(res.stdout)
     assert [r["policy"] for r in rows] == ["fifo", "sjf"]
@@ -38,8 +57,19 @@ def test_simulate_json_with_column_mapping(small_csv):
 
 def test_simulate_report_and_jobs_out(tmp_path):
     report, jobs_out = tmp_path / "out.html", tmp_path / "jobs.parquet"
-    res = gpufleet("simulate", "--vc", "ee9e8c", "--policy", "fifo,tiresias", "--report", str(report),
-                   "--jobs-out", str(jobs_out), "--breakdown", "size")
+    res = gpufleet(
+        "simulate",
+        "--vc",
+        "ee9e8c",
+        "--policy",
+        "fifo,tiresias",
+        "--report",
+        str(report),
+        "--jobs-out",
+        str(jobs_out),
+        "--breakdown",
+        "size",
+    )
     assert res.returncode == 0, res.stderr
     assert "tiresias" in res.stdout and "by size" in res.stdout
     html = report.read_text()

@@ -28,8 +28,12 @@ def test_fit_json_contract(monkeypatch, capsys):
     assert s["test_max"] >= s["test_mae"] > 0
     assert len(payload["per_type"]) == 36
     assert sum(t["held_back"] for t in payload["per_type"]) == s["held_back"]
-    assert set(payload["constants"]) == {"model_sensitivity", "model_intensity", "placement_sensitivity",
-                                         "placement_intensity"}
+    assert set(payload["constants"]) == {
+        "model_sensitivity",
+        "model_intensity",
+        "placement_sensitivity",
+        "placement_intensity",
+    }
     assert list(payload["constants"]["model_sensitivity"]) == list(DEEPSHARE_MODELS)
     assert set(payload["constants"]["placement_intensity"]) == {"2,2", "4,2", "4,4", "8,2", "8,4", "8,8"}
 
@@ -83,11 +87,14 @@ def test_show_prints_the_pair_table(monkeypatch, capsys):
     assert "8 GPUs on 2 nodes" in stdout and all(m in stdout for m in DEEPSHARE_MODELS)
 
 
-@pytest.mark.parametrize("args", [
-    pytest.param(["fit", "{missing}"], id="missing-folder"),
-    pytest.param(["fit", str(DATA), "--holdout", "1.5"], id="bad-holdout"),
-    pytest.param(["show", "--model", "{missing}"], id="missing-model"),
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        pytest.param(["fit", "{missing}"], id="missing-folder"),
+        pytest.param(["fit", str(DATA), "--holdout", "1.5"], id="bad-holdout"),
+        pytest.param(["show", "--model", "{missing}"], id="missing-model"),
+    ],
+)
 def test_errors_are_one_line(monkeypatch, capsys, tmp_path, args):
     missing = str(tmp_path / "nowhere")
     code, stdout, stderr = run_main(monkeypatch, capsys, "contention", *[a.format(missing=missing) for a in args])

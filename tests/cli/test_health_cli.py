@@ -22,21 +22,34 @@ def invoke(*args: str):
     return res
 
 
-
-
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
     path = tmp_path_factory.mktemp("health_cli") / "fleet.parquet"
-    invoke("health", "generate", "-o", str(path), "--gpus", "128", "--days", "30", "--seed", "4",
-           "--failure-scale", "80")
+    invoke(
+        "health", "generate", "-o", str(path), "--gpus", "128", "--days", "30", "--seed", "4", "--failure-scale", "80"
+    )
     return path
 
 
 @pytest.fixture(scope="module")
 def model(fleet):
     path = fleet.with_name("model.pkl")
-    invoke("health", "train", str(fleet), "-o", str(path), "--model", "gbdt", "--train-span", "10d", "--calibrate",
-           "5d", "--until", "20d", *SMALL)
+    invoke(
+        "health",
+        "train",
+        str(fleet),
+        "-o",
+        str(path),
+        "--model",
+        "gbdt",
+        "--train-span",
+        "10d",
+        "--calibrate",
+        "5d",
+        "--until",
+        "20d",
+        *SMALL,
+    )
     return path
 
 
@@ -49,8 +62,21 @@ def test_generate_writes_telemetry_and_truth(fleet):
 
 def test_evaluate_json_and_report(fleet, tmp_path):
     report = tmp_path / "eval.html"
-    res = invoke("health", "evaluate", str(fleet), "--models", "gbdt", "--json", "--train-span", "14d", "--sliding",
-                 "14d", "--report", str(report), *SMALL)
+    res = invoke(
+        "health",
+        "evaluate",
+        str(fleet),
+        "--models",
+        "gbdt",
+        "--json",
+        "--train-span",
+        "14d",
+        "--sliding",
+        "14d",
+        "--report",
+        str(report),
+        *SMALL,
+    )
     payload = json.loads(res.stdout)
     assert set(payload) == {"failures", "models", "monthly"}
     assert payload["failures"] > 0
@@ -83,13 +109,30 @@ def test_models_lists_builtins():
         assert name in res.stdout
 
 
-@pytest.mark.parametrize(("args", "needle"), [
-    (["health", "evaluate", "{fleet}", "--window", "7x"], "--window: cannot read '7x' as a duration"),
-    (["health", "evaluate", "{missing}"], "no such telemetry file"),
-    (["health", "predict", "{missing}", "{fleet}"], "no such model file"),
-    (["health", "train", "{fleet}", "--model", "nope", "--window", "3d", "--train-span", "10d", "--calibrate",
-      "5d"], "unknown failure model 'nope'"),
-])
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["health", "evaluate", "{fleet}", "--window", "7x"], "--window: cannot read '7x' as a duration"),
+        (["health", "evaluate", "{missing}"], "no such telemetry file"),
+        (["health", "predict", "{missing}", "{fleet}"], "no such model file"),
+        (
+            [
+                "health",
+                "train",
+                "{fleet}",
+                "--model",
+                "nope",
+                "--window",
+                "3d",
+                "--train-span",
+                "10d",
+                "--calibrate",
+                "5d",
+            ],
+            "unknown failure model 'nope'",
+        ),
+    ],
+)
 def test_errors_are_one_line_exit_2(monkeypatch, capsys, fleet, tmp_path, args, needle):
     args = [a.format(fleet=fleet, missing=tmp_path / "missing.parquet") for a in args]
     code, _, err = run_main(monkeypatch, capsys, *args)
@@ -106,16 +149,23 @@ def test_import_reads_scrapes_and_merges_kernel_xids(tmp_path):
     t0, t1 = 1714996800000, 1715000400000  # 2024-05-06 12:00 and 13:00 UTC
     a = _LABELS.format(u="aaa", bus="3B", g=0)
     b = _LABELS.format(u="bbb", bus="5E", g=1)
-    (tmp_path / "s.prom").write_text("\n".join([
-        "# TYPE DCGM_FI_DEV_GPU_TEMP gauge",
-        f'DCGM_FI_DEV_GPU_TEMP{{gpu="0",{a}}} 41 {t0}',
-        f'DCGM_FI_DEV_GPU_TEMP{{gpu="1",{b}}} 44 {t0}',
-        f'DCGM_FI_DEV_ECC_SBE_VOL_TOTAL{{gpu="0",{a}}} 3 {t0}',
-        f'DCGM_FI_DEV_GPU_TEMP{{gpu="0",{a}}} 43 {t1}',
-        'DCGM_FI_DEV_GPU_TEMP{gpu="1" broken',
-    ]) + "\n")
-    (tmp_path / "kern.log").write_text("2024-05-06T12:30:02.123456+00:00 node-1 kernel: NVRM: Xid "
-                                       "(PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus.\n")
+    (tmp_path / "s.prom").write_text(
+        "\n".join(
+            [
+                "# TYPE DCGM_FI_DEV_GPU_TEMP gauge",
+                f'DCGM_FI_DEV_GPU_TEMP{{gpu="0",{a}}} 41 {t0}',
+                f'DCGM_FI_DEV_GPU_TEMP{{gpu="1",{b}}} 44 {t0}',
+                f'DCGM_FI_DEV_ECC_SBE_VOL_TOTAL{{gpu="0",{a}}} 3 {t0}',
+                f'DCGM_FI_DEV_GPU_TEMP{{gpu="0",{a}}} 43 {t1}',
+                'DCGM_FI_DEV_GPU_TEMP{gpu="1" broken',
+            ]
+        )
+        + "\n"
+    )
+    (tmp_path / "kern.log").write_text(
+        "2024-05-06T12:30:02.123456+00:00 node-1 kernel: NVRM: Xid "
+        "(PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus.\n"
+    )
     out = tmp_path / "t.parquet"
     res = invoke("health", "import", str(tmp_path / "s.prom"), "--xid", str(tmp_path / "kern.log"), "-o", str(out))
     said = " ".join(res.output.split())  # rich wraps long paths

@@ -14,8 +14,20 @@ from gpufleet import cli
 
 runner = CliRunner()
 
-SUMMARY_KEYS = {"source", "cluster", "days", "name", "pool_servers", "steps", "mean_utilisation", "peak_utilisation",
-                "trough_utilisation", "mean_servers_needed", "mean_idle_servers", "hourly_utilisation"}
+SUMMARY_KEYS = {
+    "source",
+    "cluster",
+    "days",
+    "name",
+    "pool_servers",
+    "steps",
+    "mean_utilisation",
+    "peak_utilisation",
+    "trough_utilisation",
+    "mean_servers_needed",
+    "mean_idle_servers",
+    "hourly_utilisation",
+}
 
 
 def invoke(*args: str):
@@ -68,8 +80,10 @@ def test_csv_source_with_cluster(tmp_path: Path) -> None:
     load = tmp_path / "my_load.csv"
     load.write_text("time,servers_needed\n0,4\n3600,8\n7200,2\n")
     cluster = tmp_path / "c.toml"
-    cluster.write_text('name = "small"\n[[pools]]\nname = "t"\nkind = "training"\ngpu = "v100"\nnodes = 2\n'
-                       '[[pools]]\nname = "i"\nkind = "inference"\ngpu = "t4"\nnodes = 10\n')
+    cluster.write_text(
+        'name = "small"\n[[pools]]\nname = "t"\nkind = "training"\ngpu = "v100"\nnodes = 2\n'
+        '[[pools]]\nname = "i"\nkind = "inference"\ngpu = "t4"\nnodes = 10\n'
+    )
     d = json.loads(invoke(str(load), "--cluster", str(cluster), "--days", "1", "--json").stdout)
     assert d["pool_servers"] == 10 and d["cluster"] == "small" and d["steps"] == 3
     assert d["peak_utilisation"] == 0.8 and d["trough_utilisation"] == 0.2

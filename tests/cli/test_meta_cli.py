@@ -14,8 +14,10 @@ from cli_helpers import run_main
 
 
 def test_meta_help_works_without_torch():
-    code = ("import sys; sys.modules['torch'] = None\n"
-            "from gpufleet.cli import main\nsys.argv = ['gpufleet', 'meta', '--help']\nmain()")
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "from gpufleet.cli import main\nsys.argv = ['gpufleet', 'meta', '--help']\nmain()"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     for command in ("prepare", "train", "evaluate", "bench"):
@@ -23,8 +25,10 @@ def test_meta_help_works_without_torch():
 
 
 def test_train_without_torch_names_the_extra():
-    code = ("import sys; sys.modules['torch'] = None\n"
-            "from gpufleet.cli import main\nsys.argv = ['gpufleet', 'meta', 'train', 'tasks']\nmain()")
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "from gpufleet.cli import main\nsys.argv = ['gpufleet', 'meta', 'train', 'tasks']\nmain()"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert "gpufleet[torch]" in done.stderr and "Traceback" not in done.stderr
@@ -43,25 +47,39 @@ def _clicks(path: Path) -> Path:
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("meta-cli")
-    code, out, err = _run(["meta", "prepare", str(_clicks(folder / "clicks.csv")), "--columns",
-                           "user=uid,item=iid,time=ts", "--sparse", "genre", "--support", "8", "--query", "10",
-                           "-o", str(folder / "tasks")])
+    code, out, err = _run(
+        [
+            "meta",
+            "prepare",
+            str(_clicks(folder / "clicks.csv")),
+            "--columns",
+            "user=uid,item=iid,time=ts",
+            "--sparse",
+            "genre",
+            "--support",
+            "8",
+            "--query",
+            "10",
+            "-o",
+            str(folder / "tasks"),
+        ]
+    )
     assert code == 0, err
     assert "cold-start" in out and "train" in out
     return folder / "tasks"
 
 
 def _run(args: list[str]) -> tuple[int, str, str]:
-    done = subprocess.run([sys.executable, "-m", "gpufleet.cli", *args], capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run([sys.executable, "-m", "gpufleet.cli", *args], capture_output=True, text=True, timeout=300)
     return done.returncode, done.stdout, done.stderr
 
 
 def test_train_then_evaluate_reports_meta_and_plain_figures(prepared, tmp_path):
     pytest.importorskip("torch")
     model = tmp_path / "model.pt"
-    code, _, err = _run(["meta", "train", str(prepared), "--ranks", "1", "--tasks-per-step", "8", "--epochs", "2",
-                         "-o", str(model)])
+    code, _, err = _run(
+        ["meta", "train", str(prepared), "--ranks", "1", "--tasks-per-step", "8", "--epochs", "2", "-o", str(model)]
+    )
     assert code == 0, err
     code, out, err = _run(["meta", "evaluate", str(model), str(prepared), "--json"])
     assert code == 0, err
@@ -75,8 +93,17 @@ def test_train_then_evaluate_reports_meta_and_plain_figures(prepared, tmp_path):
 def test_bad_inputs_fail_in_one_line(monkeypatch, capsys, tmp_path):
     bad = tmp_path / "bad.csv"
     bad.write_text("uid,iid,click\n1,2,1\n1,3,yes\n")
-    code, _, err = run_main(monkeypatch, capsys, "meta", "prepare", str(bad), "--columns",
-                            "user=uid,item=iid,label=click", "-o", str(tmp_path / "t"))
+    code, _, err = run_main(
+        monkeypatch,
+        capsys,
+        "meta",
+        "prepare",
+        str(bad),
+        "--columns",
+        "user=uid,item=iid,label=click",
+        "-o",
+        str(tmp_path / "t"),
+    )
     assert code == 2 and "click" in err and "row 2" in err
     code, _, err = run_main(monkeypatch, capsys, "meta", "prepare", str(bad), "-o", str(tmp_path / "t"))
     assert code == 2 and "--columns" in err

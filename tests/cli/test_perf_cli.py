@@ -14,8 +14,19 @@ from gpufleet import cli
 
 runner = CliRunner()
 
-STEP_KEYS = {"step_time_s", "mfu", "hfu", "tokens_per_s", "tokens_per_s_per_gpu", "memory_gb_per_gpu", "breakdown",
-             "layout", "gbs", "seq", "fits_in_memory"}
+STEP_KEYS = {
+    "step_time_s",
+    "mfu",
+    "hfu",
+    "tokens_per_s",
+    "tokens_per_s_per_gpu",
+    "memory_gb_per_gpu",
+    "breakdown",
+    "layout",
+    "gbs",
+    "seq",
+    "fits_in_memory",
+}
 GPT3 = ["--model", "gpt3-175b", "--gpu", "a100-80g"]
 
 
@@ -24,8 +35,6 @@ def invoke(*args: str) -> dict | list:
     res = runner.invoke(cli.app, list(args))
     assert res.exit_code == 0, (res.output, res.exception)
     return json.loads(res.stdout)
-
-
 
 
 # ---------------------------------------------------------------------------------------------- perf step
@@ -48,15 +57,35 @@ def test_step_table_output_and_memory_warning():
         assert needle in res.stdout
     assert "does not fit" not in res.stdout
     # mbs 8 without recomputation keeps far more activations than 80 GB: estimated, with a warning
-    res = runner.invoke(cli.app, ["perf", "step", *GPT3, "--gpus", "1024", "--tp", "8", "--pp", "8", "--gbs", "1536",
-                                  "--mbs", "8"])
+    res = runner.invoke(
+        cli.app, ["perf", "step", *GPT3, "--gpus", "1024", "--tp", "8", "--pp", "8", "--gbs", "1536", "--mbs", "8"]
+    )
     assert res.exit_code == 0, res.output
     assert "does not fit" in res.stdout
 
 
 def test_step_explicit_shape_without_model():
-    d = invoke("perf", "step", "--layers", "24", "--hidden", "2048", "--heads", "16", "--vocab", "51200", "--seq",
-               "2048", "--gpus", "16", "--tp", "2", "--gbs", "64", "--json")
+    d = invoke(
+        "perf",
+        "step",
+        "--layers",
+        "24",
+        "--hidden",
+        "2048",
+        "--heads",
+        "16",
+        "--vocab",
+        "51200",
+        "--seq",
+        "2048",
+        "--gpus",
+        "16",
+        "--tp",
+        "2",
+        "--gbs",
+        "64",
+        "--json",
+    )
     assert d["layout"]["dp"] == 8
     assert d["params_b"] == pytest.approx(1.3, abs=0.05)
     assert d["step_time_s"] > 0
@@ -71,21 +100,52 @@ def test_step_model_from_a_file(tmp_path):
 
 def test_step_shape_flags_override_the_catalog():
     base = invoke("perf", "step", *GPT3, "--gpus", "64", "--tp", "8", "--pp", "8", "--gbs", "64", "--json")
-    short = invoke("perf", "step", *GPT3, "--layers", "48", "--gpus", "64", "--tp", "8", "--pp", "8", "--gbs", "64",
-                   "--json")
+    short = invoke(
+        "perf", "step", *GPT3, "--layers", "48", "--gpus", "64", "--tp", "8", "--pp", "8", "--gbs", "64", "--json"
+    )
     assert short["params_b"] < base["params_b"]
     assert short["step_time_s"] < base["step_time_s"]
 
 
 def test_gbs_tokens_binary_suffix():
-    d = invoke("perf", "step", "--model", "llama3-70b", "--gpus", "64", "--tp", "8", "--pp", "4", "--seq", "8192",
-               "--gbs-tokens", "16M", "--json")
+    d = invoke(
+        "perf",
+        "step",
+        "--model",
+        "llama3-70b",
+        "--gpus",
+        "64",
+        "--tp",
+        "8",
+        "--pp",
+        "4",
+        "--seq",
+        "8192",
+        "--gbs-tokens",
+        "16M",
+        "--json",
+    )
     assert d["seq"] == 8192 and d["gbs"] == 2048
 
 
 def test_compare_megascale_is_faster():
-    d = invoke("perf", "step", *GPT3, "--gpus", "1024", "--tp", "8", "--pp", "8", "--vp", "6", "--gbs", "768",
-               "--compare-megascale", "--json")
+    d = invoke(
+        "perf",
+        "step",
+        *GPT3,
+        "--gpus",
+        "1024",
+        "--tp",
+        "8",
+        "--pp",
+        "8",
+        "--vp",
+        "6",
+        "--gbs",
+        "768",
+        "--compare-megascale",
+        "--json",
+    )
     assert d["megascale"]["options"]["tp_overlap"] and not d["baseline"]["options"]["tp_overlap"]
     assert d["speedup"] == pytest.approx(d["baseline"]["step_time_s"] / d["megascale"]["step_time_s"])
     assert d["speedup"] > 1
@@ -93,8 +153,24 @@ def test_compare_megascale_is_faster():
 
 def test_options_reach_the_model():
     plain = invoke("perf", "step", *GPT3, "--gpus", "64", "--tp", "8", "--pp", "8", "--gbs", "64", "--json")
-    causal = invoke("perf", "step", *GPT3, "--gpus", "64", "--tp", "8", "--pp", "8", "--gbs", "64", "--causal-flops",
-                    "--zero", "0", "--no-flash", "--json")
+    causal = invoke(
+        "perf",
+        "step",
+        *GPT3,
+        "--gpus",
+        "64",
+        "--tp",
+        "8",
+        "--pp",
+        "8",
+        "--gbs",
+        "64",
+        "--causal-flops",
+        "--zero",
+        "0",
+        "--no-flash",
+        "--json",
+    )
     assert causal["options"]["causal_flops"] and causal["options"]["zero"] == 0
     assert not causal["options"]["flash_attention"]
     assert causal["mfu"] < plain["mfu"]  # fewer counted FLOPs, and slower unfused attention
@@ -105,14 +181,20 @@ def test_options_reach_the_model():
     ("args", "needles"),
     [
         # TP=3 divides neither Llama 3 70B's 64 heads nor (times PP) the 64 GPUs: both reasons, one line
-        (["--model", "llama3-70b", "--gpus", "64", "--tp", "3", "--pp", "4", "--gbs", "64"],
-         ["heads", "not a multiple of TP x PP x CP = 12"]),
+        (
+            ["--model", "llama3-70b", "--gpus", "64", "--tp", "3", "--pp", "4", "--gbs", "64"],
+            ["heads", "not a multiple of TP x PP x CP = 12"],
+        ),
         # DP derives cleanly (96 / 12 = 8): the rule estimate_step enforces is the heads one
-        (["--model", "llama3-70b", "--gpus", "96", "--tp", "3", "--pp", "4", "--gbs", "64"],
-         ["TP=3 does not divide the 64 attention heads"]),
+        (
+            ["--model", "llama3-70b", "--gpus", "96", "--tp", "3", "--pp", "4", "--gbs", "64"],
+            ["TP=3 does not divide the 64 attention heads"],
+        ),
         (["--model", "gpt3-175b", "--gpus", "8", "--tp", "8", "--dp", "2", "--gbs", "8"], ["not the 8 GPUs"]),
-        (["--model", "gpt3-175", "--gpus", "8", "--gbs", "8"],
-         ["unknown model 'gpt3-175'", "did you mean 'gpt3-175b'"]),
+        (
+            ["--model", "gpt3-175", "--gpus", "8", "--gbs", "8"],
+            ["unknown model 'gpt3-175'", "did you mean 'gpt3-175b'"],
+        ),
         (["--model", "gpt3-175b", "--gpu", "a100-8", "--gpus", "8", "--gbs", "8"], ["unknown GPU", "a100-80g"]),
         (["--model", "gpt3-175b", "--gpus", "8", "--tp", "8"], ["--gbs", "--gbs-tokens"]),
         (["--model", "gpt3-175b", "--gpus", "8", "--tp", "8", "--gbs-tokens", "lots"], ["not a token count"]),
@@ -147,13 +229,16 @@ def test_plan_json_top_layouts():
 
 
 def test_plan_table_and_recompute_filter():
-    res = runner.invoke(cli.app, ["plan", *GPT3, "--gpus", "1024", "--gbs", "1536", "--top", "4",
-                                  "--recompute", "full", "--max-tp", "4"])
+    res = runner.invoke(
+        cli.app,
+        ["plan", *GPT3, "--gpus", "1024", "--gbs", "1536", "--top", "4", "--recompute", "full", "--max-tp", "4"],
+    )
     assert res.exit_code == 0, res.output
     assert "searched" in res.stdout and "broke a divisibility rule" in res.stdout
     assert "did not fit in memory" in res.stdout and "why the others lost" in res.stdout
-    d = invoke("plan", *GPT3, "--gpus", "1024", "--gbs", "1536", "--top", "4", "--recompute", "full", "--max-tp", "4",
-               "--json")
+    d = invoke(
+        "plan", *GPT3, "--gpus", "1024", "--gbs", "1536", "--top", "4", "--recompute", "full", "--max-tp", "4", "--json"
+    )
     assert {r["recompute"] for r in d["layouts"]} == {"full"}
     assert max(r["tp"] for r in d["layouts"]) <= 4
 
@@ -165,10 +250,24 @@ def test_plan_needs_gpus(monkeypatch, capsys):
 
 def test_plan_on_a_cluster_pool(tmp_path):
     cluster = tmp_path / "c.toml"
-    cluster.write_text('name = "c"\n[[pools]]\nname = "t"\nkind = "training"\ngpu = "h100"\nnodes = 32\n'
-                       'nic = "ib-ndr"\nnics_per_node = 8\n')
-    d = invoke("plan", "--model", "gpt3-175b", "--cluster", str(cluster), "--gpus", "256", "--gbs", "512", "--top",
-               "2", "--json")
+    cluster.write_text(
+        'name = "c"\n[[pools]]\nname = "t"\nkind = "training"\ngpu = "h100"\nnodes = 32\n'
+        'nic = "ib-ndr"\nnics_per_node = 8\n'
+    )
+    d = invoke(
+        "plan",
+        "--model",
+        "gpt3-175b",
+        "--cluster",
+        str(cluster),
+        "--gpus",
+        "256",
+        "--gbs",
+        "512",
+        "--top",
+        "2",
+        "--json",
+    )
     assert d["gpu"] == "h100" and len(d["layouts"]) == 2
 
 
@@ -194,13 +293,30 @@ def test_plan_hetero_hook_without_the_module(tmp_path, monkeypatch, capsys):
     cluster = tmp_path / "mixed.toml"
     cluster.write_text(_HETERO)
     monkeypatch.setitem(sys.modules, "gpufleet.perf.hetero", None)  # as if the module did not exist yet
-    code, _, stderr = run_main(monkeypatch, capsys, "plan", "--model", "gpt3-175b", "--cluster", str(cluster),
-                               "--gbs", "256")
+    code, _, stderr = run_main(
+        monkeypatch, capsys, "plan", "--model", "gpt3-175b", "--cluster", str(cluster), "--gbs", "256"
+    )
     assert code == 2
     assert "heterogeneous planning unavailable" in stderr
     # one pool of the same cluster is an ordinary homogeneous plan
-    code, stdout, _ = run_main(monkeypatch, capsys, "plan", "--model", "gpt3-175b", "--cluster", str(cluster),
-                               "--pool", "roce", "--gpus", "128", "--gbs", "256", "--top", "2", "--json")
+    code, stdout, _ = run_main(
+        monkeypatch,
+        capsys,
+        "plan",
+        "--model",
+        "gpt3-175b",
+        "--cluster",
+        str(cluster),
+        "--pool",
+        "roce",
+        "--gpus",
+        "128",
+        "--gbs",
+        "256",
+        "--top",
+        "2",
+        "--json",
+    )
     assert code == 0 and len(json.loads(stdout)["layouts"]) == 2
 
 
@@ -221,8 +337,9 @@ def test_plan_hetero_hook_calls_plan_hetero(tmp_path, monkeypatch):
         )
 
     monkeypatch.setitem(sys.modules, "gpufleet.perf.hetero", types.SimpleNamespace(plan_hetero=plan_hetero))
-    res = runner.invoke(cli.app, ["plan", "--model", "gpt3-175b", "--cluster", str(cluster), "--gbs", "256",
-                                  "--top", "4"])
+    res = runner.invoke(
+        cli.app, ["plan", "--model", "gpt3-175b", "--cluster", str(cluster), "--gbs", "256", "--top", "4"]
+    )
     assert res.exit_code == 0, res.output
     assert calls == [("gpt3-175b", "mixed", 256, 2048, 1, None, 4)]
     assert "holmes" in res.stdout and "roce" in res.stdout
@@ -280,8 +397,10 @@ def test_models_lists_the_catalog():
 
 
 def test_cli_import_stays_light():
-    code = ("import sys, gpufleet.cli; heavy = [m for m in ('numpy', 'polars', 'scipy') if m in sys.modules]; "
-            "print(','.join(heavy))")
+    code = (
+        "import sys, gpufleet.cli; heavy = [m for m in ('numpy', 'polars', 'scipy') if m in sys.modules]; "
+        "print(','.join(heavy))"
+    )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == ""

@@ -11,8 +11,10 @@ from cli_helpers import run_main
 
 
 def test_serve_help_works_without_torch():
-    code = ("import sys; sys.modules['torch'] = None; sys.modules['fastapi'] = None\n"
-            "from gpufleet.cli import main\nsys.argv = ['gpufleet', 'serve', '--help']\nmain()")
+    code = (
+        "import sys; sys.modules['torch'] = None; sys.modules['fastapi'] = None\n"
+        "from gpufleet.cli import main\nsys.argv = ['gpufleet', 'serve', '--help']\nmain()"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "bench" in done.stdout and "--adapters" in done.stdout
@@ -20,8 +22,19 @@ def test_serve_help_works_without_torch():
 
 def test_bench_json_has_every_system(monkeypatch, capsys):
     pytest.importorskip("torch")
-    code, out, err = run_main(monkeypatch, capsys, "serve", "bench", "--base", "tiny-llama-random", "--requests", "8",
-                              "--popularity", "uniform", "--json")
+    code, out, err = run_main(
+        monkeypatch,
+        capsys,
+        "serve",
+        "bench",
+        "--base",
+        "tiny-llama-random",
+        "--requests",
+        "8",
+        "--popularity",
+        "uniform",
+        "--json",
+    )
     assert code in (0, None), err
     result = json.loads(out)
     assert result["popularity"] == "uniform" and result["requests"] == 8

@@ -9,10 +9,25 @@ from rich.console import Console
 from gpufleet.cli.simulate import failure_table, summary_table
 
 #: A summary row as large as the bundled Philly run makes them (Aryl's columns and the usage included).
-ROW = {"policy": "aryl-elastic", "jobs": 82_247, "finished": 82_247, "avg_jct_s": 210_600.0, "p99_jct_s": 725_000.0,
-       "avg_queue_s": 196_200.0, "p95_queue_s": 423_000.0, "gpu_util": 0.668, "usage": 0.429, "makespan_s": 9.4e6,
-       "preemptions": 351_011, "lost_work_gpu_h": 12_345.0, "loaned_gpu_hours": 463_530.0, "reclaims": 82_063,
-       "reclaim_preemptions": 2_380, "scale_events": 104_803, "wall_s": 13.7}
+ROW = {
+    "policy": "aryl-elastic",
+    "jobs": 82_247,
+    "finished": 82_247,
+    "avg_jct_s": 210_600.0,
+    "p99_jct_s": 725_000.0,
+    "avg_queue_s": 196_200.0,
+    "p95_queue_s": 423_000.0,
+    "gpu_util": 0.668,
+    "usage": 0.429,
+    "makespan_s": 9.4e6,
+    "preemptions": 351_011,
+    "lost_work_gpu_h": 12_345.0,
+    "loaned_gpu_hours": 463_530.0,
+    "reclaims": 82_063,
+    "reclaim_preemptions": 2_380,
+    "scale_events": 104_803,
+    "wall_s": 13.7,
+}
 
 
 def _render(table, width: int = 100) -> list[str]:
@@ -48,10 +63,25 @@ def test_default_failure_table_columns(monkeypatch):
 
     import gpufleet.sim.failure_run as failure_run
 
-    frame = pl.DataFrame([{"policy": "tiresias", "predictor": True, "failures": 1_234, "job_interruptions": 12_345,
-                           "lost_gpu_hours_failures": 123_456.7, "drains": 2_000, "drain_true": 1_500,
-                           "drain_false": 500, "false_alarm_gpu_hours": 9_999.9, "avoided_failures": 1_000,
-                           "avg_jct_s": 30_600.0, "finished": 82_247, "jobs": 82_247}])
+    frame = pl.DataFrame(
+        [
+            {
+                "policy": "tiresias",
+                "predictor": True,
+                "failures": 1_234,
+                "job_interruptions": 12_345,
+                "lost_gpu_hours_failures": 123_456.7,
+                "drains": 2_000,
+                "drain_true": 1_500,
+                "drain_false": 500,
+                "false_alarm_gpu_hours": 9_999.9,
+                "avoided_failures": 1_000,
+                "avg_jct_s": 30_600.0,
+                "finished": 82_247,
+                "jobs": 82_247,
+            }
+        ]
+    )
     monkeypatch.setattr(failure_run, "comparison", lambda results: frame)
     lines = _render(failure_table([], wide=False))
     text = "\n".join(lines)

@@ -39,8 +39,9 @@ def test_top_finding_names_the_injected_rank_and_category(tmp_path, kind, seed):
 def test_no_fault_raises_no_alarm(tmp_path, seed):
     diagnosis = TraceAnalyzer(write_job(tmp_path, JobShape(seed=seed))).diagnose()
     assert diagnosis.alarms == []
-    assert diagnosis.findings == [] or all(f.score < 3.5 or f.cost_s_per_step < 0.02 * diagnosis.step_s_median
-                                           for f in diagnosis.findings)
+    assert diagnosis.findings == [] or all(
+        f.score < 3.5 or f.cost_s_per_step < 0.02 * diagnosis.step_s_median for f in diagnosis.findings
+    )
 
 
 def test_cost_is_the_injected_delay_and_victims_wait_for_it(tmp_path):
@@ -72,9 +73,12 @@ def test_unknown_localiser_is_an_error(tmp_path):
 
 def test_gloo_wait_is_split_from_own_comm_time(tmp_path):
     a = TraceAnalyzer(write_job(tmp_path, JobShape(faults=[Fault("comm", 0, 0.02)], noise=0.0)))
-    section = a.per_step.filter(pl.col("function") == "gpufleet::allreduce").group_by("rank").agg(
-        pl.col("time_s").mean(), pl.col("wait_s").mean()
-    ).sort("rank")
+    section = (
+        a.per_step.filter(pl.col("function") == "gpufleet::allreduce")
+        .group_by("rank")
+        .agg(pl.col("time_s").mean(), pl.col("wait_s").mean())
+        .sort("rank")
+    )
     own, wait = section["time_s"].to_list(), section["wait_s"].to_list()
     assert own[0] == pytest.approx(0.02, abs=1e-3) and max(own[1:]) < 1e-3  # the delay is rank 0's own work
     assert min(wait[1:]) - wait[0] == pytest.approx(0.02, abs=1e-3)  # the others wait for it
@@ -124,8 +128,10 @@ def test_a_blocking_wait_in_which_the_collective_ends_is_all_waiting():
         ("cpu_op", "gloo:all_reduce", 2, 100, 100),
     ]
     frame = pl.DataFrame(
-        [{"rank": 0, "ph": "X", "cat": c, "name": n, "pid": 7, "tid": t, "ts_ns": ts * 1000, "dur_ns": d * 1000}
-         for c, n, t, ts, d in rows],
+        [
+            {"rank": 0, "ph": "X", "cat": c, "name": n, "pid": 7, "tid": t, "ts_ns": ts * 1000, "dur_ns": d * 1000}
+            for c, n, t, ts, d in rows
+        ],
     ).with_columns(pl.col("rank").cast(pl.Int32))
     missing = [k for k in EVENT_SCHEMA if k not in frame.columns]
     frame = frame.with_columns(*(pl.lit(None, dtype=EVENT_SCHEMA[k]).alias(k) for k in missing))

@@ -26,12 +26,14 @@ from gpufleet.errors import ConfigError, DiagnoseError
 def _frame(M: np.ndarray, section: str = "step", first_step: int = 0) -> pl.DataFrame:
     """Long timings frame from a ranks x steps matrix of durations."""
     R, S = M.shape
-    return pl.DataFrame({
-        "rank": np.repeat(np.arange(R), S),
-        "step": np.tile(np.arange(first_step, first_step + S), R),
-        "section": section,
-        "duration_s": M.ravel(),
-    })
+    return pl.DataFrame(
+        {
+            "rank": np.repeat(np.arange(R), S),
+            "step": np.tile(np.arange(first_step, first_step + S), R),
+            "section": section,
+            "duration_s": M.ravel(),
+        }
+    )
 
 
 def _noisy(R: int = 16, S: int = 200, cv: float = 0.03, seed: int = 0) -> np.ndarray:
@@ -77,8 +79,9 @@ def test_alias_with_ms_suffix(tmp_path: Path) -> None:
 
 def test_reads_parquet(tmp_path: Path) -> None:
     p = tmp_path / "t.parquet"
-    pl.DataFrame({"rank": [0, 1], "step": [5, 5], "section": ["forward", "forward"], "duration_s": [0.1, 0.2]}
-                 ).write_parquet(p)
+    pl.DataFrame(
+        {"rank": [0, 1], "step": [5, 5], "section": ["forward", "forward"], "duration_s": [0.1, 0.2]}
+    ).write_parquet(p)
     df = read_timings(p)
     assert df.height == 2 and df["section"].to_list() == ["forward", "forward"]
 
@@ -86,9 +89,11 @@ def test_reads_parquet(tmp_path: Path) -> None:
 def test_wide_monitor_format_is_melted(tmp_path: Path) -> None:
     # what gpufleet.diagnose.monitor writes: rank, step, one column per section, total (seconds, may be empty)
     p = tmp_path / "wide.csv"
-    p.write_text("rank,step,data,forward,backward,optimizer,comm,total\n"
-                 "0,1,0.01,0.05,0.10,0.02,0.03,0.21\n"
-                 "1,1,0.01,0.06,,0.02,0.02,0.21\n")
+    p.write_text(
+        "rank,step,data,forward,backward,optimizer,comm,total\n"
+        "0,1,0.01,0.05,0.10,0.02,0.03,0.21\n"
+        "1,1,0.01,0.06,,0.02,0.02,0.21\n"
+    )
     df = read_timings(p)
     assert set(df["section"].unique()) == {"data", "forward", "backward", "optimizer", "comm", "total"}
     assert df.height == 11  # the empty backward cell is dropped
@@ -148,7 +153,10 @@ def test_missing_file_and_bad_parquet(tmp_path: Path) -> None:
 def test_parse_columns_errors() -> None:
     assert parse_columns(None) is None and parse_columns("  ") is None
     assert parse_columns("rank=worker,step=time,duration=batch_time_norm") == {
-        "rank": "worker", "step": "time", "duration": "batch_time_norm"}
+        "rank": "worker",
+        "step": "time",
+        "duration": "batch_time_norm",
+    }
     with pytest.raises(DiagnoseError, match="malformed pair 'rank'"):
         parse_columns("rank")
     with pytest.raises(DiagnoseError, match="unknown key 'gpu'"):
@@ -292,8 +300,13 @@ def test_single_rank_and_bad_arguments() -> None:
     rep = detect_stragglers(_frame(_noisy(R=1, S=30)))
     assert rep.stragglers.height == 0 and any("one rank" in n for n in rep.notes)
     frame = _frame(_noisy(R=2, S=30))
-    for kwargs in ({"threshold": 0.0}, {"threshold": 1.5}, {"window": 0}, {"min_slowdown": 1.0},
-                   {"reference_quantile": 2.0}):
+    for kwargs in (
+        {"threshold": 0.0},
+        {"threshold": 1.5},
+        {"window": 0},
+        {"min_slowdown": 1.0},
+        {"reference_quantile": 2.0},
+    ):
         with pytest.raises(DiagnoseError):
             detect_stragglers(frame, **kwargs)
     with pytest.raises(DiagnoseError, match="missing column"):
@@ -326,7 +339,8 @@ def test_large_job_is_handled() -> None:
 
 
 durations = st.integers(min_value=0, max_value=2**31 - 1).map(
-    lambda seed: 0.05 * np.random.default_rng(seed).lognormal(0.0, 0.1, (6, 40)))
+    lambda seed: 0.05 * np.random.default_rng(seed).lognormal(0.0, 0.1, (6, 40))
+)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])

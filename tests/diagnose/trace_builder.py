@@ -43,8 +43,7 @@ class JobShape:
 
 
 def _x(name: str, cat: str, ts: float, dur: float, tid: int, pid: int = 100, **args) -> dict:
-    return {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": ts * 1e6, "dur": dur * 1e6,
-            "args": args}
+    return {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": ts * 1e6, "dur": dur * 1e6, "args": args}
 
 
 def build_job(shape: JobShape) -> list[dict]:
@@ -60,8 +59,9 @@ def build_job(shape: JobShape) -> list[dict]:
         stop = False
         for r in range(shape.ranks):
             t = clock[r]
-            extra = {f.kind: f.seconds for f in shape.faults
-                     if f.rank == r and f.kind != "hang" and step % f.every == 0}
+            extra = {
+                f.kind: f.seconds for f in shape.faults if f.rank == r and f.kind != "hang" and step % f.every == 0
+            }
             ev = events[r]
             t += shape.python_gap + extra.get("pause", 0.0)
             d = jitter(shape.data) + extra.get("data", 0.0)
@@ -98,8 +98,9 @@ def build_job(shape: JobShape) -> list[dict]:
             ev = events[r]
             if arrive[r] == float("inf"):
                 continue
-            sec0 = arrive[r] - ({f.kind: f.seconds for f in shape.faults if f.rank == r
-                                 and step % f.every == 0}.get("comm", 0.0))
+            sec0 = arrive[r] - (
+                {f.kind: f.seconds for f in shape.faults if f.rank == r and step % f.every == 0}.get("comm", 0.0)
+            )
             ev.append(_x("c10d::allreduce_", "cpu_op", arrive[r] + 0.00002, 0.00008, 1))
             end = done if not stop else arrive[r] + 600.0
             ev.append(_x("gloo:all_reduce", "user_annotation", arrive[r] + 0.0001, end - arrive[r] - 0.0001, 2))
@@ -108,8 +109,14 @@ def build_job(shape: JobShape) -> list[dict]:
             ev.append(_x(f"ProfilerStep#{step}", "user_annotation", starts[r], clock[r] - starts[r], 1))
         if stop:
             break
-    return [{"schemaVersion": 1, "distributedInfo": {"backend": "gloo", "rank": r, "world_size": shape.ranks},
-             "traceEvents": events[r]} for r in range(shape.ranks)]
+    return [
+        {
+            "schemaVersion": 1,
+            "distributedInfo": {"backend": "gloo", "rank": r, "world_size": shape.ranks},
+            "traceEvents": events[r],
+        }
+        for r in range(shape.ranks)
+    ]
 
 
 def write_job(folder: Path, shape: JobShape, gz: bool = True) -> Path:

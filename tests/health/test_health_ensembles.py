@@ -13,8 +13,13 @@ from gpufleet.health.samples import Samples
 
 def _samples(tab: np.ndarray, time: np.ndarray | None = None, y: np.ndarray | None = None) -> Samples:
     n = len(tab)
-    return Samples(gpu=np.arange(n, dtype=np.uint32), time=np.zeros(n, np.int64) if time is None else time,
-                   tabular=tab.astype(np.float32), sequence=np.zeros((n, 2, 1), np.float32), y=y)
+    return Samples(
+        gpu=np.arange(n, dtype=np.uint32),
+        time=np.zeros(n, np.int64) if time is None else time,
+        tabular=tab.astype(np.float32),
+        sequence=np.zeros((n, 2, 1), np.float32),
+        y=y,
+    )
 
 
 class Column:
@@ -42,8 +47,7 @@ def test_top_k_ties_and_minus_inf():
     scores = np.array([0.5, 0.9, 0.9, 0.1, -np.inf, -np.inf, 0.3, -np.inf, -np.inf])
     # round 5: k = round(0.5 * 4) = 2 -> the two tied 0.9; round 9: k = 2 but one finite score;
     # round 2: nothing finite, nothing alerted
-    assert top_k_per_round(times, scores, 0.5).tolist() == [False, True, True, False, False, False, True, False,
-                                                             False]
+    assert top_k_per_round(times, scores, 0.5).tolist() == [False, True, True, False, False, False, True, False, False]
     # a tiny budget still alerts once per round (k = max(1, ...)); -inf rounds stay silent
     assert np.flatnonzero(top_k_per_round(times, scores, 1e-6)).tolist() in ([1, 6], [2, 6])
     # k cuts through a tie: exactly k of the tied instances
@@ -54,9 +58,14 @@ def test_top_k_ties_and_minus_inf():
 
 
 @settings(max_examples=80, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 3), st.one_of(st.sampled_from([-np.inf, 0.0, 1.0]),
-                                                        st.floats(-5, 5))), min_size=1, max_size=40),
-       st.floats(0.01, 1.0))
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 3), st.one_of(st.sampled_from([-np.inf, 0.0, 1.0]), st.floats(-5, 5))),
+        min_size=1,
+        max_size=40,
+    ),
+    st.floats(0.01, 1.0),
+)
 def test_top_k_matches_naive(rows, budget):
     times = np.array([r[0] for r in rows])
     scores = np.array([r[1] for r in rows])

@@ -72,8 +72,18 @@ def _fails_within(arrays: FleetArrays, gpu: int, hour: int, horizon: int) -> boo
 
 def test_gbdt_table_and_alerts(arrays):
     res = evaluate(arrays, ["gbdt"], EvalConfig(features=FC, train_days=14, period_days=14, budget=0.02))
-    assert res.table.columns == ["model", "mode", "alerts", "true_alerts", "precision", "recall", "f1", "caught",
-                                 "lead_h_median", "lead_h_mean"]
+    assert res.table.columns == [
+        "model",
+        "mode",
+        "alerts",
+        "true_alerts",
+        "precision",
+        "recall",
+        "f1",
+        "caught",
+        "lead_h_median",
+        "lead_h_mean",
+    ]
     assert res.table["mode"].to_list() == ["once", "sliding"] and set(res.table["model"]) == {"gbdt"}
     for r in res.table.iter_rows(named=True):
         assert r["alerts"] > 0
@@ -93,8 +103,10 @@ def test_gbdt_table_and_alerts(arrays):
     for _, h, n in a.group_by("mode", "hour").len().iter_rows():
         assert n <= max(1, round(0.02 * per_round[h]))
     assert res.monthly.columns == ["model", "mode", "month", "alerts", "precision"]
-    assert res.monthly.group_by("mode").agg(pl.col("alerts").sum()).sort("mode")["alerts"].to_list() == \
-        res.table.sort("mode")["alerts"].to_list()
+    assert (
+        res.monthly.group_by("mode").agg(pl.col("alerts").sum()).sort("mode")["alerts"].to_list()
+        == res.table.sort("mode")["alerts"].to_list()
+    )
     end_h = arrays.n_bins * arrays.bin_h - FC.horizon_h
     assert res.failures == int(((arrays.failure_hour >= 14 * 24) & (arrays.failure_hour < end_h)).sum()) > 0
 
@@ -137,14 +149,23 @@ def _hand_arrays() -> FleetArrays:
     gpus, nb = 20, 120
     failures = np.array([[0, 100], [1, 200], [2, 300], [3, 500], [4, 680]])
     bins = np.random.default_rng(0).random((gpus, nb, len(CHANNELS))).astype(np.float32)
-    return FleetArrays(bins=bins, bin_h=6, hours=nb * 6, start=datetime(2024, 1, 1, tzinfo=UTC),
-                       node=np.arange(gpus) // 8, failure_gpu=failures[:, 0], failure_hour=failures[:, 1],
-                       failure_xid=np.full(5, 79), alive_end=np.ones((gpus, nb), dtype=bool))
+    return FleetArrays(
+        bins=bins,
+        bin_h=6,
+        hours=nb * 6,
+        start=datetime(2024, 1, 1, tzinfo=UTC),
+        node=np.arange(gpus) // 8,
+        failure_gpu=failures[:, 0],
+        failure_hour=failures[:, 1],
+        failure_xid=np.full(5, 79),
+        alive_end=np.ones((gpus, nb), dtype=bool),
+    )
 
 
 def test_oracle_recall_counts_only_failures_of_the_test_span():
-    cfg = EvalConfig(features=FeatureConfig(window_h=24, recent_h=12, horizon_h=48), train_days=10,
-                     period_days=10, budget=0.5)
+    cfg = EvalConfig(
+        features=FeatureConfig(window_h=24, recent_h=12, horizon_h=48), train_days=10, period_days=10, budget=0.5
+    )
     res = evaluate(_hand_arrays(), [ORACLE], cfg, modes=("once",))
     # test span [240, 672): failures at 300 and 500, both foreseen by the oracle; 680 lies after the span
     assert res.failures == 2

@@ -21,12 +21,17 @@ from gpufleet.health.features import (
 )
 from gpufleet.health.fleet_arrays import CHANNELS, COUNTERS, FleetArrays
 
-EVENTS = {*COUNTERS, "hw_throttle_h", "sw_thermal_h", "xid63", "xid92", "xid94", "xid_benign", "xid_other",
-          "xid_hard"}
+EVENTS = {*COUNTERS, "hw_throttle_h", "sw_thermal_h", "xid63", "xid92", "xid94", "xid_benign", "xid_other", "xid_hard"}
 
 
-def _arrays(gpus: int, n_bins: int, failures: list[tuple[int, int]], bin_h: int = 6, seed: int = 0,
-            down: list[tuple[int, int]] = ()) -> FleetArrays:
+def _arrays(
+    gpus: int,
+    n_bins: int,
+    failures: list[tuple[int, int]],
+    bin_h: int = 6,
+    seed: int = 0,
+    down: list[tuple[int, int]] = (),
+) -> FleetArrays:
     """Hand-made fleet arrays: random bins, the given (gpu, hour) failures, GPUs down in the given (gpu, bin)."""
     rng = np.random.default_rng(seed)
     bins = rng.random((gpus, n_bins, len(CHANNELS))).astype(np.float32)
@@ -34,14 +39,23 @@ def _arrays(gpus: int, n_bins: int, failures: list[tuple[int, int]], bin_h: int 
     for g, b in down:
         alive_end[g, b] = False
     f = np.array(failures, dtype=np.int64).reshape(-1, 2)
-    return FleetArrays(bins=bins, bin_h=bin_h, hours=n_bins * bin_h, start=datetime(2024, 1, 1, tzinfo=UTC),
-                       node=np.arange(gpus) // 8, failure_gpu=f[:, 0], failure_hour=f[:, 1],
-                       failure_xid=np.full(len(f), 79), alive_end=alive_end)
+    return FleetArrays(
+        bins=bins,
+        bin_h=bin_h,
+        hours=n_bins * bin_h,
+        start=datetime(2024, 1, 1, tzinfo=UTC),
+        node=np.arange(gpus) // 8,
+        failure_gpu=f[:, 0],
+        failure_hour=f[:, 1],
+        failure_xid=np.full(len(f), 79),
+        alive_end=alive_end,
+    )
 
 
 # -------------------------------------------------------------------------------------------- config
-@pytest.mark.parametrize("kw", [{"window_h": 0}, {"window_h": 100}, {"recent_h": -6}, {"horizon_h": 50},
-                                {"window_h": 24, "recent_h": 48}])
+@pytest.mark.parametrize(
+    "kw", [{"window_h": 0}, {"window_h": 100}, {"recent_h": -6}, {"horizon_h": 50}, {"window_h": 24, "recent_h": 48}]
+)
 def test_validate_rejects(kw):
     with pytest.raises(HealthError):
         FeatureConfig(**kw).validate(6)
@@ -66,9 +80,11 @@ def test_labels_by_hand():
 
 
 @settings(max_examples=80, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 239)), min_size=1, max_size=8, unique=True),
-       st.lists(st.tuples(st.integers(0, 3), st.integers(0, 240)), min_size=1, max_size=30),
-       st.sampled_from([6, 24, 48]))
+@given(
+    st.lists(st.tuples(st.integers(0, 3), st.integers(0, 239)), min_size=1, max_size=8, unique=True),
+    st.lists(st.tuples(st.integers(0, 3), st.integers(0, 240)), min_size=1, max_size=30),
+    st.sampled_from([6, 24, 48]),
+)
 def test_labels_match_naive(failures, queries, horizon):
     a = _arrays(4, 40, failures)
     gpu = np.array([q[0] for q in queries])
@@ -125,8 +141,14 @@ def _naive_tabular(seq: np.ndarray, channels: tuple[str, ...], rb: int) -> np.nd
                 row.append(z.sum() / (wb * alive_norm))
             elif ch in EVENTS:
                 nz = [k for k in range(wb) if z[wb - 1 - k] > 0]
-                row += [z.sum(), z[-rb:].sum(), z[-1], peak, z[wb // 2:].sum() - z[:wb // 2].sum(),
-                        nz[0] if nz else wb]
+                row += [
+                    z.sum(),
+                    z[-rb:].sum(),
+                    z[-1],
+                    peak,
+                    z[wb // 2 :].sum() - z[: wb // 2].sum(),
+                    nz[0] if nz else wb,
+                ]
             else:
                 mean = v[ok].mean() if ok.any() else np.nan
                 recent = v[-rb:][ok[-rb:]]
@@ -166,9 +188,21 @@ def test_tabular_matches_naive(n, wb, data):
 
 def test_feature_names_follow_kinds():
     names = feature_names(("temp", "xid63", "alive_h"))
-    assert names == ["temp_mean_w", "temp_mean_recent", "temp_last", "temp_max", "temp_std_w", "temp_trend",
-                     "xid63_sum_w", "xid63_sum_recent", "xid63_last", "xid63_max", "xid63_trend",
-                     "xid63_bins_since", "alive_h_frac_w"]
+    assert names == [
+        "temp_mean_w",
+        "temp_mean_recent",
+        "temp_last",
+        "temp_max",
+        "temp_std_w",
+        "temp_trend",
+        "xid63_sum_w",
+        "xid63_sum_recent",
+        "xid63_last",
+        "xid63_max",
+        "xid63_trend",
+        "xid63_bins_since",
+        "alive_h_frac_w",
+    ]
 
 
 def test_gauge_std_is_accurate_far_from_zero():
@@ -196,14 +230,22 @@ def test_build_samples_gathers_windows_and_labels():
     assert len(s) == len(gpu) and s.sequence.shape == (len(gpu), 6, len(CHANNELS))
     for i in (0, 5, len(gpu) - 1):
         b = hour[i] // 6
-        np.testing.assert_array_equal(s.sequence[i], a.bins[gpu[i], b - 6:b])
+        np.testing.assert_array_equal(s.sequence[i], a.bins[gpu[i], b - 6 : b])
     np.testing.assert_array_equal(s.tabular, tabular_from_sequence(s.sequence, CHANNELS, 2, 6))
     y, lead = labels(a, gpu, hour, 24)
     np.testing.assert_array_equal(s.y, y)
     np.testing.assert_array_equal(s.lead_h, lead)
     assert s.feature_names == feature_names(CHANNELS) and s.channel_names == list(CHANNELS)
     assert set(zip(s.gpu[s.y == 1].tolist(), s.time[s.y == 1].tolist(), strict=True)) == {
-        (1, 48), (1, 54), (1, 60), (1, 66), (3, 132), (3, 138), (3, 144), (3, 150)}
+        (1, 48),
+        (1, 54),
+        (1, 60),
+        (1, 66),
+        (3, 132),
+        (3, 138),
+        (3, 144),
+        (3, 150),
+    }
     unlabelled = build_samples(a, gpu, hour, cfg, with_labels=False)
     assert unlabelled.y is None and unlabelled.lead_h is None
 

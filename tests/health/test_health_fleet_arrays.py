@@ -70,7 +70,8 @@ def _frame() -> tuple[pl.DataFrame, dict[str, np.ndarray]]:
         "gpu": pl.Series(np.repeat(gpu, H)[keep], dtype=pl.UInt32),
         "node": pl.Series(np.repeat(gpu // 8, H)[keep], dtype=pl.UInt32),
         "time": pl.Series([START + timedelta(hours=int(h)) for h in np.tile(hours, G)[keep]]).cast(
-            pl.Datetime("ms", "UTC")),
+            pl.Datetime("ms", "UTC")
+        ),
     }
     for c in FIELDS:
         if c != GAUGES["mem_temp"]:  # one gauge the exporter does not report
@@ -222,8 +223,11 @@ def _naive_increments(row: np.ndarray) -> np.ndarray:
     return out
 
 
-levels = hnp.arrays(np.float32, st.tuples(st.integers(1, 4), st.integers(1, 30)),
-                    elements=st.floats(0, 1e4, width=32).map(lambda x: float(np.float32(round(x)))))
+levels = hnp.arrays(
+    np.float32,
+    st.tuples(st.integers(1, 4), st.integers(1, 30)),
+    elements=st.floats(0, 1e4, width=32).map(lambda x: float(np.float32(round(x)))),
+)
 
 
 @settings(max_examples=60, deadline=None)
@@ -246,9 +250,14 @@ def test_increments_with_gaps_match_naive(level, data):
 
 
 @settings(max_examples=60, deadline=None)
-@given(hnp.arrays(np.float64, st.tuples(st.integers(1, 3), st.integers(1, 25)),
-                  elements=st.one_of(st.just(np.nan), st.floats(-100, 100))),
-       st.integers(1, 6))
+@given(
+    hnp.arrays(
+        np.float64,
+        st.tuples(st.integers(1, 3), st.integers(1, 25)),
+        elements=st.one_of(st.just(np.nan), st.floats(-100, 100)),
+    ),
+    st.integers(1, 6),
+)
 def test_bin_reduce_matches_naive(x, bin_h):
     nb = x.shape[1] // bin_h
     for how in ("mean", "max", "sum", "last"):
@@ -256,11 +265,14 @@ def test_bin_reduce_matches_naive(x, bin_h):
         assert got.shape == (x.shape[0], nb)
         for r in range(x.shape[0]):
             for b in range(nb):
-                v = x[r, b * bin_h:(b + 1) * bin_h]
+                v = x[r, b * bin_h : (b + 1) * bin_h]
                 vals = v[~np.isnan(v)]
-                want = {"sum": vals.sum(), "mean": vals.mean() if len(vals) else np.nan,
-                        "max": vals.max() if len(vals) else np.nan,
-                        "last": vals[-1] if len(vals) else np.nan}[how]
+                want = {
+                    "sum": vals.sum(),
+                    "mean": vals.mean() if len(vals) else np.nan,
+                    "max": vals.max() if len(vals) else np.nan,
+                    "last": vals[-1] if len(vals) else np.nan,
+                }[how]
                 if np.isnan(want):
                     assert np.isnan(got[r, b]), (how, r, b)
                 else:
@@ -281,9 +293,12 @@ def test_node_relative_matches_naive(node):
             if np.isnan(temp[g, b]):
                 assert np.isnan(got[g, b])
             else:
-                assert got[g, b] == pytest.approx(temp[g, b] - np.sort(col)[len(col) // 2] if len(col) % 2
-                                                  else temp[g, b] - (np.sort(col)[len(col) // 2 - 1]
-                                                                     + np.sort(col)[len(col) // 2]) / 2, abs=1e-4)
+                assert got[g, b] == pytest.approx(
+                    temp[g, b] - np.sort(col)[len(col) // 2]
+                    if len(col) % 2
+                    else temp[g, b] - (np.sort(col)[len(col) // 2 - 1] + np.sort(col)[len(col) // 2]) / 2,
+                    abs=1e-4,
+                )
 
 
 def test_pcie_vs_node_is_replays_above_the_node_median(built):

@@ -33,8 +33,13 @@ def fleet(tmp_path_factory):
 
 def test_schema_rows_and_order(fleet):
     summary, frame, _ = fleet
-    expected = {"gpu": pl.UInt32, "node": pl.UInt32, "time": pl.Datetime("ms", "UTC"),
-                **{c: pl.Float32 for c in (*GAUGES, *COUNTERS)}, **{c: pl.Int64 for c in CODES}}
+    expected = {
+        "gpu": pl.UInt32,
+        "node": pl.UInt32,
+        "time": pl.Datetime("ms", "UTC"),
+        **{c: pl.Float32 for c in (*GAUGES, *COUNTERS)},
+        **{c: pl.Int64 for c in CODES},
+    }
     assert dict(frame.schema) == expected
     assert frame.height == CFG.gpus * CFG.hours == summary.rows
     assert summary.path.name == "fleet.parquet" and summary.failures_path.name == "fleet.failures.parquet"
@@ -55,9 +60,11 @@ def test_truth_matches_hard_xids_in_telemetry(fleet):
     assert truth["time"].to_list() == [CFG.start + timedelta(hours=h) for h in truth["hour"].to_list()]
     assert truth["hour"].max() < CFG.hours
     hard = frame.with_columns(hour=pl.int_range(pl.len()).over("gpu")).filter(
-        pl.col("DCGM_FI_DEV_XID_ERRORS").is_in(sorted(xid.HARD_XIDS)))
-    seen = set(zip(hard["gpu"].to_list(), hard["hour"].to_list(), hard["DCGM_FI_DEV_XID_ERRORS"].to_list(),
-                   strict=True))
+        pl.col("DCGM_FI_DEV_XID_ERRORS").is_in(sorted(xid.HARD_XIDS))
+    )
+    seen = set(
+        zip(hard["gpu"].to_list(), hard["hour"].to_list(), hard["DCGM_FI_DEV_XID_ERRORS"].to_list(), strict=True)
+    )
     want = set(zip(truth["gpu"].to_list(), truth["hour"].to_list(), truth["xid"].to_list(), strict=True))
     assert seen == want
     kinds = {k.name: k for k in facts.FAILURE_KINDS}
@@ -69,7 +76,7 @@ def test_null_exactly_while_under_repair(fleet):
     _, frame, truth = fleet
     expected = np.zeros((CFG.gpus, CFG.hours), dtype=bool)
     for g, f, r in zip(truth["gpu"].to_list(), truth["hour"].to_list(), truth["repair_h"].to_list(), strict=True):
-        expected[g, f + 1:f + 1 + r] = True
+        expected[g, f + 1 : f + 1 + r] = True
     for col in METRICS:
         null = frame[col].is_null().to_numpy().reshape(CFG.gpus, CFG.hours)
         assert np.array_equal(null, expected), col
@@ -81,8 +88,10 @@ def test_null_exactly_while_under_repair(fleet):
 
 def test_counters_only_drop_right_after_repair(fleet):
     _, frame, truth = fleet
-    back = {(g, f + 1 + r) for g, f, r in zip(truth["gpu"].to_list(), truth["hour"].to_list(),
-                                              truth["repair_h"].to_list(), strict=True)}
+    back = {
+        (g, f + 1 + r)
+        for g, f, r in zip(truth["gpu"].to_list(), truth["hour"].to_list(), truth["repair_h"].to_list(), strict=True)
+    }
     for col in COUNTERS:
         level = frame[col].to_numpy().reshape(CFG.gpus, CFG.hours)
         assert np.nanmin(level) >= 0, col
@@ -99,8 +108,10 @@ def test_same_seed_same_file_other_seed_differs(tmp_path, fleet):
     again = generate_fleet(CFG, tmp_path / "again.parquet")
     assert pl.read_parquet(again.path).equals(frame)
     assert pl.read_parquet(again.failures_path).equals(truth)
-    other = generate_fleet(FleetConfig(gpus=CFG.gpus, days=CFG.days, seed=CFG.seed + 1,
-                                       failure_scale=CFG.failure_scale), tmp_path / "other.parquet")
+    other = generate_fleet(
+        FleetConfig(gpus=CFG.gpus, days=CFG.days, seed=CFG.seed + 1, failure_scale=CFG.failure_scale),
+        tmp_path / "other.parquet",
+    )
     other_frame = pl.read_parquet(other.path)
     assert other_frame.shape == frame.shape
     assert not other_frame.equals(frame)
@@ -178,9 +189,9 @@ def test_drift_look_alikes_appear_where_and_when_the_fleet_drifts():
     # only after the maintenance, only on the racks it left with loose cables, always a whole node at once
     assert (storms["start"].to_numpy() >= facts.MAINTENANCE_DAY * 24).all()
     assert bad[node // cfg.nodes_per_rack].all()
-    per_storm = storms.group_by("start", "end", "intensity").agg(pl.col("gpu").count().alias("n"),
-                                                                  (pl.col("gpu") // cfg.gpus_per_node).n_unique()
-                                                                  .alias("nodes"))
+    per_storm = storms.group_by("start", "end", "intensity").agg(
+        pl.col("gpu").count().alias("n"), (pl.col("gpu") // cfg.gpus_per_node).n_unique().alias("nodes")
+    )
     assert (per_storm["n"] % cfg.gpus_per_node == 0).all()
     assert (per_storm["nodes"] == per_storm["n"] // cfg.gpus_per_node).all()
     expected = facts.CABLE_STORMS_PER_NODE_DAY * bad.sum() * cfg.nodes_per_rack * (120 - facts.MAINTENANCE_DAY)

@@ -32,8 +32,9 @@ def fleet(tmp_path_factory):
     early = folder / "early.parquet"
     frame = pl.read_parquet(full)
     frame.filter(pl.col("time") < CFG.start + timedelta(hours=TRAIN_END_H)).write_parquet(early)
-    pred = train_predictor(build_arrays(early), "gbdt", FC, train_days=10, calibrate_days=5, budget=0.02,
-                           source=str(full.resolve()))
+    pred = train_predictor(
+        build_arrays(early), "gbdt", FC, train_days=10, calibrate_days=5, budget=0.02, source=str(full.resolve())
+    )
     return full, build_arrays(full), pred, frame
 
 
@@ -124,15 +125,19 @@ def test_failure_events_are_the_hard_xids(fleet):
     assert ev.columns == ["gpu", "node", "time_s", "xid"]
     assert ev["time_s"].to_list() == sorted(ev["time_s"].to_list())
     t0 = frame["time"].min()
-    hard = frame.filter(pl.col("DCGM_FI_DEV_XID_ERRORS").map_elements(lambda c: xid.severity(c) == "hard",
-                                                                        return_dtype=pl.Boolean))
-    want = sorted(((t - t0).total_seconds(), g, n, c) for g, n, t, c in
-                  hard.select("gpu", "node", "time", "DCGM_FI_DEV_XID_ERRORS").iter_rows())
+    hard = frame.filter(
+        pl.col("DCGM_FI_DEV_XID_ERRORS").map_elements(lambda c: xid.severity(c) == "hard", return_dtype=pl.Boolean)
+    )
+    want = sorted(
+        ((t - t0).total_seconds(), g, n, c)
+        for g, n, t, c in hard.select("gpu", "node", "time", "DCGM_FI_DEV_XID_ERRORS").iter_rows()
+    )
     got = sorted((s, g, n, c) for g, n, s, c in ev.iter_rows())
     assert got == want and len(got) > 0
     truth = pl.read_parquet(full.with_name("fleet.failures.parquet"))
-    assert sorted(zip(truth["gpu"].to_list(), (truth["hour"] * 3600.0).to_list(), strict=True)) == \
-        sorted(zip(ev["gpu"].to_list(), ev["time_s"].to_list(), strict=True))
+    assert sorted(zip(truth["gpu"].to_list(), (truth["hour"] * 3600.0).to_list(), strict=True)) == sorted(
+        zip(ev["gpu"].to_list(), ev["time_s"].to_list(), strict=True)
+    )
 
 
 def test_failure_events_errors(tmp_path, fleet):
@@ -151,8 +156,14 @@ def test_predicted_alerts_start_after_training_on_the_same_file(fleet, tmp_path)
     assert alerts.columns == ["gpu", "node", "time_s", "score"]
     assert alerts.height > 0 and (alerts["time_s"] >= TRAIN_END_H * 3600).all()
     # the same model on a file it was not trained on alerts from the first full window on
-    other = Predictor(model=pred.model, model_name=pred.model_name, features=pred.features, bin_h=pred.bin_h,
-                      budget=pred.budget, trained={**pred.trained, "source": "/elsewhere/fleet.parquet"})
+    other = Predictor(
+        model=pred.model,
+        model_name=pred.model_name,
+        features=pred.features,
+        bin_h=pred.bin_h,
+        budget=pred.budget,
+        trained={**pred.trained, "source": "/elsewhere/fleet.parquet"},
+    )
     alerts_other = predicted_alerts(other.save(tmp_path / "other.zip"), full)
     assert alerts_other["time_s"].min() == FC.window_h * 3600.0
     # the alerts after the training end are the same rounds either way

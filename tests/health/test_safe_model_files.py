@@ -112,12 +112,24 @@ def test_a_crafted_pickle_never_runs_from_the_command_line(command, fleet, tmp_p
         args = ["health", "predict", str(evil), str(path)]
     else:
         trace = tmp_path / "jobs.csv"
-        pl.DataFrame({"job_id": ["a", "b"], "submit_s": [0.0, 60.0], "duration_s": [3600.0, 600.0],
-                      "num_gpus": [8, 2]}).write_csv(trace)
-        args = ["simulate", "--trace", str(trace), "--failures", str(path), "--predictor", str(evil),
-                "--policy", "fifo", "--no-progress"]
-    res = subprocess.run([sys.executable, "-m", "gpufleet.cli", *args], capture_output=True, text=True,
-                         cwd=tmp_path, timeout=300)
+        pl.DataFrame(
+            {"job_id": ["a", "b"], "submit_s": [0.0, 60.0], "duration_s": [3600.0, 600.0], "num_gpus": [8, 2]}
+        ).write_csv(trace)
+        args = [
+            "simulate",
+            "--trace",
+            str(trace),
+            "--failures",
+            str(path),
+            "--predictor",
+            str(evil),
+            "--policy",
+            "fifo",
+            "--no-progress",
+        ]
+    res = subprocess.run(
+        [sys.executable, "-m", "gpufleet.cli", *args], capture_output=True, text=True, cwd=tmp_path, timeout=300
+    )
     assert res.returncode != 0
     assert not marker.exists()
     assert "Traceback" not in res.stderr + res.stdout
@@ -134,18 +146,28 @@ def _archive(path, manifest: dict, members: dict[str, bytes] | None = None) -> N
 
 
 def _content(model: object) -> dict:
-    return {"model_name": "gbdt", "features": {"window_h": 72, "recent_h": 24, "horizon_h": 48}, "bin_h": 6,
-            "budget": 0.02, "trained": {}, "calibration": None, "model": model}
+    return {
+        "model_name": "gbdt",
+        "features": {"window_h": 72, "recent_h": 24, "horizon_h": 48},
+        "bin_h": 6,
+        "budget": 0.02,
+        "trained": {},
+        "calibration": None,
+        "model": model,
+    }
 
 
-@pytest.mark.parametrize(("model", "members", "message"), [
-    ({"$model": "os.system", "state": {}}, {}, r"unknown failure model 'os\.system'"),
-    ({"$object": "Predictor", "state": {}}, {}, r"unknown or malformed entry '\$object'"),
-    ({"$scalar": ["|O", 1]}, {}, r"dtype object"),
-    ({"$tuple": [1, 2]}, {}, r"its model is a tuple, not a failure model"),
-    ({"$array": "a0"}, {ARRAYS: pickle.dumps(WritesFile("x"))}, r"not a valid gpufleet failure model"),
-    ({"$lightgbm": "lightgbm/0.txt"}, {ARRAYS: b"", "lightgbm/0.txt": b"tree\nnonsense"}, r"LightGBMError"),
-])
+@pytest.mark.parametrize(
+    ("model", "members", "message"),
+    [
+        ({"$model": "os.system", "state": {}}, {}, r"unknown failure model 'os\.system'"),
+        ({"$object": "Predictor", "state": {}}, {}, r"unknown or malformed entry '\$object'"),
+        ({"$scalar": ["|O", 1]}, {}, r"dtype object"),
+        ({"$tuple": [1, 2]}, {}, r"its model is a tuple, not a failure model"),
+        ({"$array": "a0"}, {ARRAYS: pickle.dumps(WritesFile("x"))}, r"not a valid gpufleet failure model"),
+        ({"$lightgbm": "lightgbm/0.txt"}, {ARRAYS: b"", "lightgbm/0.txt": b"tree\nnonsense"}, r"LightGBMError"),
+    ],
+)
 def test_a_crafted_archive_builds_only_registered_classes(model, members, message, tmp_path):
     path = tmp_path / "crafted.zip"
     _archive(path, {"format": "gpufleet.health.predictor/3", "content": _content(model)}, {ARRAYS: b"", **members})

@@ -24,14 +24,16 @@ def run_ranks(world: int, fn: Callable[..., None], tmp_path: Path, *args: Any, t
     """
     mp.set_forkserver_preload(PRELOAD)
     store = tmp_path / f"store-{uuid.uuid4().hex}"
-    mp.start_processes(_entry, args=(world, str(store), timeout_s, fn, args), nprocs=world, join=True,
-                       start_method="forkserver")
+    mp.start_processes(
+        _entry, args=(world, str(store), timeout_s, fn, args), nprocs=world, join=True, start_method="forkserver"
+    )
 
 
 def _entry(rank: int, world: int, store: str, timeout_s: float, fn: Callable[..., None], args: tuple) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=timeout_s))
+    dist.init_process_group(
+        "gloo", init_method=f"file://{store}", rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s)
+    )
     try:
         fn(rank, world, *args)
     finally:

@@ -41,8 +41,14 @@ def train(emb: ShardedEmbedding, rank: int, world: int, step: int) -> None:
 
 def save(ckpt: Path, emb: ShardedEmbedding, step: int) -> Path:
     dense = {"w": torch.arange(3.0) + step}
-    return save_checkpoint(ckpt, step, embedding=emb, dense_state=dense, optimizer_state={"lr": 0.1},
-                           extra={"epoch": step // 2, "step": step, "rng": torch.get_rng_state()})
+    return save_checkpoint(
+        ckpt,
+        step,
+        embedding=emb,
+        dense_state=dense,
+        optimizer_state={"lr": 0.1},
+        extra={"epoch": step // 2, "step": step, "rng": torch.get_rng_state()},
+    )
 
 
 def expect(ckpt: Path, emb: ShardedEmbedding, step: int) -> None:
@@ -106,7 +112,12 @@ def test_save_on_two_resume_on_three_and_one_after_a_crash(tmp_path: Path) -> No
     assert not list(tmp_path.glob("tmp-*")), "the next save cleans an interrupted one"
     assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-00000003", "step-00000005"]
     assert sorted(p.name for p in (tmp_path / "step-00000005").iterdir()) == [
-        "dense.pt", "manifest.json", "shard-0-of-3.pt", "shard-1-of-3.pt", "shard-2-of-3.pt"]
+        "dense.pt",
+        "manifest.json",
+        "shard-0-of-3.pt",
+        "shard-1-of-3.pt",
+        "shard-2-of-3.pt",
+    ]
 
     for step in (3, 5):  # saved by 2 and by 3 ranks, loaded by 1
         emb = ShardedEmbedding(NUM_ROWS, DIM, seed=8)
@@ -163,7 +174,7 @@ def test_truncated_or_corrupt_file_is_named(two_steps) -> None:
     with pytest.raises(MetaError, match=r"shard-0-of-1\.pt is truncated"):
         load_checkpoint(ckpt / "step-00000002", embedding=emb)
     mid = len(data) // 2  # a flipped bit torch.load would not notice
-    shard.write_bytes(data[:mid] + bytes([data[mid] ^ 1]) + data[mid + 1:])
+    shard.write_bytes(data[:mid] + bytes([data[mid] ^ 1]) + data[mid + 1 :])
     with pytest.raises(MetaError, match=r"shard-0-of-1\.pt is corrupt \(sha256"):
         load_checkpoint(ckpt / "step-00000002", embedding=emb)
     shard.write_bytes(bytes(len(data)))
@@ -182,15 +193,19 @@ def test_truncated_or_corrupt_file_is_named(two_steps) -> None:
 
 def test_shape_mismatch_names_manifest(two_steps) -> None:
     ckpt, _ = two_steps
-    with pytest.raises(MetaError, match=r"manifest\.json: the saved embedding table is num_rows=29 x dim=4 but "
-                                        r"this model expects num_rows=30 x dim=4"):
+    with pytest.raises(
+        MetaError,
+        match=r"manifest\.json: the saved embedding table is num_rows=29 x dim=4 but "
+        r"this model expects num_rows=30 x dim=4",
+    ):
         load_checkpoint(ckpt, embedding=ShardedEmbedding(NUM_ROWS + 1, DIM))
 
 
 def test_export_round_trip_and_bad_file(tmp_path: Path) -> None:
     emb = ShardedEmbedding(NUM_ROWS, DIM, seed=2)
-    path = export_model(tmp_path / "out" / "model.pt", embedding=emb, dense_state={"b": torch.zeros(1)},
-                        meta={"features": ["user"]})
+    path = export_model(
+        tmp_path / "out" / "model.pt", embedding=emb, dense_state={"b": torch.zeros(1)}, meta={"features": ["user"]}
+    )
     model = load_exported(path)
     assert torch.equal(model["table"], emb.weight.detach()) and model["meta"] == {"features": ["user"]}
     path.write_bytes(b"garbage")
@@ -233,16 +248,22 @@ def test_a_crafted_pickle_in_a_checkpoint_or_model_never_runs(two_steps, tmp_pat
     assert "\n" not in str(err.value) and "weights_only" not in str(err.value)
     assert not marker.exists()
     with pytest.raises(MetaError, match=r"checkpoint\['extra'\]\['when'\] is a datetime"):
-        save_checkpoint(ckpt, 3, embedding=emb, dense_state={}, optimizer_state={},
-                        extra={"when": datetime.datetime.now()})
+        save_checkpoint(
+            ckpt, 3, embedding=emb, dense_state={}, optimizer_state={}, extra={"when": datetime.datetime.now()}
+        )
 
 
 def test_meta_evaluate_refuses_a_crafted_model_in_one_line(tmp_path: Path) -> None:
     marker = tmp_path / "ran"
     evil = tmp_path / "model.pt"
     evil.write_bytes(pickle.dumps(WritesFile(marker)))
-    res = subprocess.run([sys.executable, "-m", "gpufleet.cli", "meta", "evaluate", str(evil), str(tmp_path)],
-                         capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    res = subprocess.run(
+        [sys.executable, "-m", "gpufleet.cli", "meta", "evaluate", str(evil), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert res.returncode != 0 and not marker.exists()
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {evil} cannot be read (UnpicklingError: Unsupported")

@@ -22,8 +22,9 @@ T, S, Q, F, D, U, DIM = 5, 6, 7, 4, 3, 30, 8
 
 def _problem(kind: str = "dlrm", num_dense: int = D):
     gen = torch.Generator().manual_seed(0)
-    model = build_model(ModelConfig(kind=kind, num_sparse=F, num_dense=num_dense, emb_dim=DIM, bottom=(16,),
-                                    top=(16, 8))).double()
+    model = build_model(
+        ModelConfig(kind=kind, num_sparse=F, num_dense=num_dense, emb_dim=DIM, bottom=(16,), top=(16, 8))
+    ).double()
     table = torch.randn(U, DIM, dtype=torch.double, generator=gen, requires_grad=True)
 
     def sets(n):
@@ -44,8 +45,9 @@ def test_batched_tasks_equal_a_per_task_loop_and_vmap(order, adapt_embeddings, k
     config = MamlConfig(order=order, inner_lr=0.3, inner_steps=2, adapt_embeddings=adapt_embeddings)
     params = dense_params(model)
     batched = task_losses(model, params, table, sup, qry, config)
-    looped = torch.stack([task_loss(model, params, table, tuple(x[t] for x in sup), tuple(x[t] for x in qry), config)
-                          for t in range(T)])
+    looped = torch.stack(
+        [task_loss(model, params, table, tuple(x[t] for x in sup), tuple(x[t] for x in qry), config) for t in range(T)]
+    )
     vmapped = task_losses_vmap(model, params, table, sup, qry, config)
     assert torch.allclose(batched, looped, atol=1e-12) and torch.allclose(vmapped, looped, atol=1e-12)
     g_looped = torch.autograd.grad(looped.sum(), [*params.values(), table])
@@ -71,10 +73,20 @@ def test_second_order_gradient_matches_finite_differences(adapt_embeddings):
     second = MamlConfig(order="second", inner_lr=0.5, inner_steps=2, adapt_embeddings=adapt_embeddings)
     first = MamlConfig(order="first", inner_lr=0.5, inner_steps=2, adapt_embeddings=adapt_embeddings)
     params = dense_params(model)
-    g2 = dict(zip(params, torch.autograd.grad(task_losses(model, params, table, sup, qry, second).sum(),
-                                              list(params.values())), strict=True))
-    g1 = dict(zip(params, torch.autograd.grad(task_losses(model, params, table, sup, qry, first).sum(),
-                                              list(params.values())), strict=True))
+    g2 = dict(
+        zip(
+            params,
+            torch.autograd.grad(task_losses(model, params, table, sup, qry, second).sum(), list(params.values())),
+            strict=True,
+        )
+    )
+    g1 = dict(
+        zip(
+            params,
+            torch.autograd.grad(task_losses(model, params, table, sup, qry, first).sum(), list(params.values())),
+            strict=True,
+        )
+    )
     checked = 0
     for name in params:
         for index in [(0,) * params[name].dim(), tuple(s - 1 for s in params[name].shape)]:

@@ -203,8 +203,10 @@ def test_loader_yields_this_ranks_tasks(store: TaskStore) -> None:
 def test_loader_tells_each_rank_every_ranks_ids(store: TaskStore) -> None:
     world = 3
     per_rank = [list(MetaLoader(store, 12, rank, world, seed=2, peer_ids=True)) for rank in range(world)]
-    assert MetaLoader(store, 12, 0, world, seed=2).plan() and next(iter(MetaLoader(store, 12, 0, 1, seed=2))).peer_ids \
-        is None
+    assert (
+        MetaLoader(store, 12, 0, world, seed=2).plan()
+        and next(iter(MetaLoader(store, 12, 0, 1, seed=2))).peer_ids is None
+    )
     for step in range(len(per_rank[0])):
         own = [per_rank[r][step].unique_ids for r in range(world)]
         for r in range(world):

@@ -36,14 +36,29 @@ def tasks(tmp_path_factory) -> Path:
             rows.append(f"{u},{item},{int(rng.random() < p)},{1000 * u + k},{item % 4}")
     csv = folder / "clicks.csv"
     csv.write_text("uid,iid,click,ts,group\n" + "\n".join(rows) + "\n")
-    prepare_file(csv, {"user": "uid", "item": "iid", "label": "click", "time": "ts"},
-                 PrepareConfig(support_size=8, query_size=12, min_query=5), folder / "tasks", sparse=["group"])
+    prepare_file(
+        csv,
+        {"user": "uid", "item": "iid", "label": "click", "time": "ts"},
+        PrepareConfig(support_size=8, query_size=12, min_query=5),
+        folder / "tasks",
+        sparse=["group"],
+    )
     return folder / "tasks"
 
 
 def _config(tasks: Path, **kw) -> TrainConfig:
-    base = dict(tasks=tasks, epochs=10, tasks_per_step=8, max_steps=STEPS, emb_dim=8, bottom=(16,), top=(16,),
-                inner_lr=0.3, seed=1, prefetch=1)
+    base = dict(
+        tasks=tasks,
+        epochs=10,
+        tasks_per_step=8,
+        max_steps=STEPS,
+        emb_dim=8,
+        bottom=(16,),
+        top=(16,),
+        inner_lr=0.3,
+        seed=1,
+        prefetch=1,
+    )
     base.update(kw)
     return TrainConfig(**base)
 
@@ -94,13 +109,43 @@ def test_naive_baseline_trains_the_same_model(tasks, tmp_path):
 
 def test_a_rank_that_dies_leaves_a_checkpoint_that_resumes_on_fewer_ranks(tasks, tmp_path):
     ckpt = tmp_path / "ckpt"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           "-m", "gpufleet.meta.worker", str(tasks), "--epochs", "10", "--tasks-per-step", "8",
-           "--max-steps", str(STEPS), "--emb-dim", "8", "--bottom", "16", "--top", "16", "--inner-lr", "0.3",
-           "--seed", "1", "--checkpoint-dir", str(ckpt), "--checkpoint-every", "4", "--die-at-step", "7",
-           "--die-rank", "1", "-o", str(tmp_path / "never.pt")]
-    done = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"),
-                          timeout=240)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        "-m",
+        "gpufleet.meta.worker",
+        str(tasks),
+        "--epochs",
+        "10",
+        "--tasks-per-step",
+        "8",
+        "--max-steps",
+        str(STEPS),
+        "--emb-dim",
+        "8",
+        "--bottom",
+        "16",
+        "--top",
+        "16",
+        "--inner-lr",
+        "0.3",
+        "--seed",
+        "1",
+        "--checkpoint-dir",
+        str(ckpt),
+        "--checkpoint-every",
+        "4",
+        "--die-at-step",
+        "7",
+        "--die-rank",
+        "1",
+        "-o",
+        str(tmp_path / "never.pt"),
+    ]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=240)
     assert done.returncode != 0
     assert not (tmp_path / "never.pt").exists()
     latest = latest_checkpoint(ckpt)
@@ -114,7 +159,11 @@ def test_a_rank_that_dies_leaves_a_checkpoint_that_resumes_on_fewer_ranks(tasks,
 
 
 def test_train_entry_point_reports_a_bad_folder_in_one_line(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "gpufleet.meta.worker", str(tmp_path / "missing")],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "gpufleet.meta.worker", str(tmp_path / "missing")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2
     assert done.stderr.startswith("error:") and "missing" in done.stderr and "Traceback" not in done.stderr

@@ -26,8 +26,9 @@ def batches(world: int, case: str) -> list[torch.Tensor]:
         sizes = [11, 0, 23, 4][:world] if world > 1 else [17]
         return [torch.randint(0, NUM_ROWS, (n,), generator=gen) for n in sizes]
     if case == "one_owner":  # every id lives on rank world - 1
-        return [torch.arange(world - 1, NUM_ROWS, world)[torch.randint(0, 3, (5 + r,), generator=gen)]
-                for r in range(world)]
+        return [
+            torch.arange(world - 1, NUM_ROWS, world)[torch.randint(0, 3, (5 + r,), generator=gen)] for r in range(world)
+        ]
     if case == "all_empty":
         return [torch.empty(0, dtype=torch.int64) for _ in range(world)]
     raise ValueError(case)

@@ -101,8 +101,9 @@ def test_assign_with_a_model_column() -> None:
     assert prof[3] in DEEPSHARE_MODELS and prof[4] in DEEPSHARE_MODELS  # null and unknown: drawn
     assert scale[3:5] == [1.0, 1.0]
     assert (prof[5], scale[5]) == ("MoE", 1.0)
-    assert out.drop("comm_profile", "comm_scale").equals(_jobs(
-        ["llama2-7b", "llama2-7b", "mixtral-8x7b", None, "mystery", "MoE"]))
+    assert out.drop("comm_profile", "comm_scale").equals(
+        _jobs(["llama2-7b", "llama2-7b", "mixtral-8x7b", None, "mystery", "MoE"])
+    )
 
 
 def test_assign_without_a_model_column_draws_from_the_mix() -> None:
@@ -130,8 +131,15 @@ def test_assign_replaces_old_columns_and_needs_num_gpus() -> None:
 def test_parse_mix() -> None:
     assert parse_mix("FSDP=0.5,MoE=0.5") == {"FSDP": 0.5, "MoE": 0.5}
     assert parse_mix(" transformer-xl = 3 , dlrm=1 ") == {"Transformer-XL": 0.75, "DLRM": 0.25}
-    for bad, match in [("", "empty"), ("FSDP", "malformed"), ("ResNet=1", "unknown profile"),
-                       ("FSDP=1,fsdp=2", "twice"), ("MoE=x", "not a number"), ("MoE=-1", "non-negative"),
-                       ("MoE=0", "not all zero"), ("MoE=nan", "finite")]:
+    for bad, match in [
+        ("", "empty"),
+        ("FSDP", "malformed"),
+        ("ResNet=1", "unknown profile"),
+        ("FSDP=1,fsdp=2", "twice"),
+        ("MoE=x", "not a number"),
+        ("MoE=-1", "non-negative"),
+        ("MoE=0", "not all zero"),
+        ("MoE=nan", "finite"),
+    ]:
         with pytest.raises(ConfigError, match=match):
             parse_mix(bad)

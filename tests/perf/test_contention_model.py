@@ -119,8 +119,9 @@ def test_isolated_throughput(model, fit0, data):
             assert m.isolated_throughput(name, gpus, 1) >= data.isolated[(name, gpus, 2)]
 
 
-@pytest.mark.parametrize("absent", ["deepshare_isolated_thp.csv", "deepshare_shared_thp_ratio.csv",
-                                    "deepshare_total_samples_trained.csv"])
+@pytest.mark.parametrize(
+    "absent", ["deepshare_isolated_thp.csv", "deepshare_shared_thp_ratio.csv", "deepshare_total_samples_trained.csv"]
+)
 def test_missing_file_names_it(tmp_path, absent):
     for src in DATA.glob("deepshare_*.csv"):
         if src.name != absent:

@@ -71,8 +71,9 @@ def test_holmes_placement_beats_naive_and_trails_all_rdma() -> None:
     layout = dict(zip(res.summary["placement"], res.summary["layout"], strict=True))
     assert layout["naive uniform"] == layout["all-RDMA (same size)"]
     # the Ethernet group's stages carry no more layers than the InfiniBand group's
-    layers = {g: [int(x) for x in s.split()] for g, s in zip(res.table["group"], res.table["layers_per_stage"],
-                                                             strict=True)}
+    layers = {
+        g: [int(x) for x in s.split()] for g, s in zip(res.table["group"], res.table["layers_per_stage"], strict=True)
+    }
     assert max(layers["eth"]) <= min(layers["ib"])
     assert sum(sum(v) for v in layers.values()) == 36
 
@@ -81,8 +82,9 @@ def test_hetero_rejects_mixed_gpu_types() -> None:
     cluster = load_cluster()  # V100 training pool + T4 inference pool, both listed as pools
     from gpufleet.spec import ClusterSpec
 
-    mixed = ClusterSpec.model_validate({**cluster.model_dump(), "pools": [
-        {**p.model_dump(), "kind": "training"} for p in cluster.pools]})
+    mixed = ClusterSpec.model_validate(
+        {**cluster.model_dump(), "pools": [{**p.model_dump(), "kind": "training"} for p in cluster.pools]}
+    )
     with pytest.raises(ConfigError, match="one GPU type"):
         plan_hetero(get_model("gpt-7.5b"), mixed, 64)
 

@@ -22,16 +22,31 @@ from gpufleet.perf.system import System
 _PINNED = {
     "compute": {
         "ampere": {
-            "gemm": 0.80, "gemm_half_width": 96, "attention": 0.45, "flash_attention": 0.55,
-            "elementwise_bytes": 40, "memory": 0.80, "fp8_gemm": 0.0,
+            "gemm": 0.80,
+            "gemm_half_width": 96,
+            "attention": 0.45,
+            "flash_attention": 0.55,
+            "elementwise_bytes": 40,
+            "memory": 0.80,
+            "fp8_gemm": 0.0,
         },
         "hopper": {
-            "gemm": 0.75, "gemm_half_width": 160, "attention": 0.35, "flash_attention": 0.50,
-            "elementwise_bytes": 40, "memory": 0.80, "fp8_gemm": 0.55,
+            "gemm": 0.75,
+            "gemm_half_width": 160,
+            "attention": 0.35,
+            "flash_attention": 0.50,
+            "elementwise_bytes": 40,
+            "memory": 0.80,
+            "fp8_gemm": 0.55,
         },
         "default": {
-            "gemm": 0.70, "gemm_half_width": 96, "attention": 0.35, "flash_attention": 0.45,
-            "elementwise_bytes": 40, "memory": 0.75, "fp8_gemm": 0.5,
+            "gemm": 0.70,
+            "gemm_half_width": 96,
+            "attention": 0.35,
+            "flash_attention": 0.45,
+            "elementwise_bytes": 40,
+            "memory": 0.75,
+            "fp8_gemm": 0.5,
         },
     },
     "intra": {"nvlink": 0.75, "pcie": 0.80, "alpha_us": 10.0},
@@ -41,8 +56,12 @@ _PINNED = {
         "ethernet": {"efficiency": 0.60, "alpha_us": 60.0},
     },
     "software": {
-        "tp_overlap_exposed": 0.25, "pp_overlap_exposed": 0.25, "dp_overlap_window": 1.0,
-        "fused_elementwise": 0.5, "step_overhead_s": 0.02, "memory_reserve_gb": 3.0,
+        "tp_overlap_exposed": 0.25,
+        "pp_overlap_exposed": 0.25,
+        "dp_overlap_window": 1.0,
+        "fused_elementwise": 0.5,
+        "step_overhead_s": 0.02,
+        "memory_reserve_gb": 3.0,
     },
 }
 
@@ -383,11 +402,22 @@ def test_empty_pipeline_slots_go_to_the_last_stage(a100: System) -> None:
     t_mb = (v["compute"] + v["tp_comm"]) / v["microbatches"]
     assert float(t_mb) == pytest.approx(max(8 * layer, 6 * layer + logits), rel=1e-9)
     # 94 GPT-3 layers at PP8 leave two slots: the last stage runs 10 layers and the output layer, under 12 layers
-    g = evaluate(get_model("gpt3-175b").model_copy(update={"layers": 94}), a100, 1536, tp=8, pp=8, dp=16, vp=1,
-                 recompute=1, options=TrainOptions(), efficiency=FIXED)
+    g = evaluate(
+        get_model("gpt3-175b").model_copy(update={"layers": 94}),
+        a100,
+        1536,
+        tp=8,
+        pp=8,
+        dp=16,
+        vp=1,
+        recompute=1,
+        options=TrainOptions(),
+        efficiency=FIXED,
+    )
     g_mb = (g["compute"] + g["tp_comm"]) / g["microbatches"]
-    assert float(g_mb) == pytest.approx(max(12 * float(g["layer_s"]), 10 * float(g["layer_s"]) + float(g["logits_s"])),
-                                        rel=1e-9)
+    assert float(g_mb) == pytest.approx(
+        max(12 * float(g["layer_s"]), 10 * float(g["layer_s"]) + float(g["logits_s"])), rel=1e-9
+    )
     # with no empty slot (128 layers), the last stage carries all eight layers and the output layer
     full = evaluate(m.model_copy(update={"layers": 128}), a100, 1024, **kw)
     t_full = (full["compute"] + full["tp_comm"]) / full["microbatches"]

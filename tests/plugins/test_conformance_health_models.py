@@ -20,9 +20,15 @@ def _samples(n: int = 240, seed: int = 0) -> Samples:
     tab = rng.normal(size=(n, 6)).astype(np.float32)
     tab[:, 0] += 4.0 * y  # failures run hot: an easy signal
     seq = np.repeat(tab[:, None, :3], 4, axis=1)
-    return Samples(gpu=np.arange(n, dtype=np.uint32), time=np.repeat(np.arange(n // 8, dtype=np.int64), 8),
-                   tabular=tab, sequence=seq, y=y, feature_names=[f"f{i}" for i in range(6)],
-                   channel_names=["c0", "c1", "c2"])
+    return Samples(
+        gpu=np.arange(n, dtype=np.uint32),
+        time=np.repeat(np.arange(n // 8, dtype=np.int64), 8),
+        tabular=tab,
+        sequence=seq,
+        y=y,
+        feature_names=[f"f{i}" for i in range(6)],
+        channel_names=["c0", "c1", "c2"],
+    )
 
 
 @pytest.mark.parametrize("name", MODELS.plugin_names())

@@ -24,22 +24,43 @@ def _context() -> LocaliserContext:
         for s in range(STEPS):
             spans.append({"rank": r, "step": s, "dur_ns": STEP_NS})
             compute = 0.06 if r == 2 else 0.03 + 0.0005 * s
-            rows = [("host", COMPUTE, "aten::mm", 10, compute, 0.0),
-                    ("host", COMMUNICATION, "c10d::allreduce_", 1, 0.002, 0.04 - compute / 2),
-                    ("host", DATA_LOADING, "DataLoader.__next__", 1, 0.004, 0.0),
-                    ("host", CPU_STALL, "<host outside ops>", 1, 0.001, 0.0)]
+            rows = [
+                ("host", COMPUTE, "aten::mm", 10, compute, 0.0),
+                ("host", COMMUNICATION, "c10d::allreduce_", 1, 0.002, 0.04 - compute / 2),
+                ("host", DATA_LOADING, "DataLoader.__next__", 1, 0.004, 0.0),
+                ("host", CPU_STALL, "<host outside ops>", 1, 0.001, 0.0),
+            ]
             rows.append(("host", SYNC, "aten::item", 12 if r == 1 else 1, 0.003 if r == 1 else 0.0003, 0.0))
-            steps += [dict(zip(("domain", "category", "function", "calls", "time_s", "wait_s"), row, strict=True),
-                           rank=r, step=s) for row in rows]
+            steps += [
+                dict(
+                    zip(("domain", "category", "function", "calls", "time_s", "wait_s"), row, strict=True),
+                    rank=r,
+                    step=s,
+                )
+                for row in rows
+            ]
             if not (r == 3 and s == STEPS - 1):
-                host.append({"rank": r, "name": "gloo:all_reduce", "ts_ns": s * STEP_NS + 50_000_000,
-                             "dur_ns": 5_000_000 if s < STEPS - 1 else 900_000_000, "cat": "cpu_op",
-                             "category": COMMUNICATION})
+                host.append(
+                    {
+                        "rank": r,
+                        "name": "gloo:all_reduce",
+                        "ts_ns": s * STEP_NS + 50_000_000,
+                        "dur_ns": 5_000_000 if s < STEPS - 1 else 900_000_000,
+                        "cat": "cpu_op",
+                        "category": COMMUNICATION,
+                    }
+                )
     step_frame = pl.DataFrame(steps)
     for (r, d, c, f), g in step_frame.group_by("rank", "domain", "category", "function"):
         sites.append({"rank": r, "domain": d, "category": c, "function": f, "site": f, "time_s": g["time_s"].median()})
-    return LocaliserContext(steps=step_frame, spans=pl.DataFrame(spans), thresholds=Thresholds(),
-                            sites=pl.DataFrame(sites), host=pl.DataFrame(host), device=None)
+    return LocaliserContext(
+        steps=step_frame,
+        spans=pl.DataFrame(spans),
+        thresholds=Thresholds(),
+        sites=pl.DataFrame(sites),
+        host=pl.DataFrame(host),
+        device=None,
+    )
 
 
 def test_defaults_are_registered_localisers_in_run_order() -> None:

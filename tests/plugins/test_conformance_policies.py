@@ -17,18 +17,40 @@ NEEDS = {"network"}  # what a run can provide besides jobs and a cluster
 ENGINES = {"gang", "elastic"}
 
 #: 10 jobs of 1-16 GPUs over 20 minutes, with the DeepShare model names that only the network model reads
-JOBS = pl.DataFrame({
-    "job_id": [f"j{i}" for i in range(10)],
-    "submit_s": [60.0 * i * i for i in range(10)],
-    "duration_s": [600.0, 1200.0, 300.0, 1800.0, 900.0, 400.0, 2400.0, 700.0, 500.0, 1500.0],
-    "num_gpus": [8, 4, 1, 16, 2, 8, 4, 2, 1, 8],
-    "model": ["FSDP", "MobileNetV3", "Transformer-XL", "GraphSage", "DLRM", "MoE", "FSDP", "DLRM", "MoE", "GraphSage"],
-})
+JOBS = pl.DataFrame(
+    {
+        "job_id": [f"j{i}" for i in range(10)],
+        "submit_s": [60.0 * i * i for i in range(10)],
+        "duration_s": [600.0, 1200.0, 300.0, 1800.0, 900.0, 400.0, 2400.0, 700.0, 500.0, 1500.0],
+        "num_gpus": [8, 4, 1, 16, 2, 8, 4, 2, 1, 8],
+        "model": [
+            "FSDP",
+            "MobileNetV3",
+            "Transformer-XL",
+            "GraphSage",
+            "DLRM",
+            "MoE",
+            "FSDP",
+            "DLRM",
+            "MoE",
+            "GraphSage",
+        ],
+    }
+)
 
 
 def _cluster(elastic: bool):
-    pools = [{"name": "train", "kind": "training", "gpu": "v100", "gpus_per_node": 8, "nodes": 4, "nic": "ib-edr",
-              "nodes_per_rack": 2}]
+    pools = [
+        {
+            "name": "train",
+            "kind": "training",
+            "gpu": "v100",
+            "gpus_per_node": 8,
+            "nodes": 4,
+            "nic": "ib-edr",
+            "nodes_per_rack": 2,
+        }
+    ]
     if elastic:
         pools.append({"name": "infer", "kind": "inference", "gpu": "t4", "gpus_per_node": 8, "nodes": 2})
     return cluster_from_dict({"name": "tiny", "pools": pools})

@@ -122,8 +122,11 @@ def _chromium() -> tuple[str, str]:
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     driver = shutil.which("chromedriver")
     if not browser or not driver:
-        pytest.fail("headless Chromium is needed to check the HTML reports: install it with "
-                    "`apt-get install -y chromium chromium-driver` (as .ci/run does)", pytrace=False)
+        pytest.fail(
+            "headless Chromium is needed to check the HTML reports: install it with "
+            "`apt-get install -y chromium chromium-driver` (as .ci/run does)",
+            pytrace=False,
+        )
     return browser, driver
 
 
@@ -162,8 +165,9 @@ def save_screenshot(driver: Any, out: Path) -> None:
     """A full-page PNG of the open page (beyond the window's height)."""
     size = driver.execute_cdp_cmd("Page.getLayoutMetrics", {})["cssContentSize"]
     clip = {"x": 0, "y": 0, "width": size["width"], "height": size["height"], "scale": 1}
-    shot = driver.execute_cdp_cmd("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True,
-                                                             "clip": clip})
+    shot = driver.execute_cdp_cmd(
+        "Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True, "clip": clip}
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(base64.b64decode(shot["data"]))
 
@@ -178,22 +182,38 @@ def _simulation_report(folder: Path) -> Path:
 
     rng = np.random.default_rng(7)
     n = 400
-    jobs = pl.DataFrame({
-        "job_id": [f"j{i}" for i in range(n)],
-        "vc": rng.choice(["alpha", "beta", "gamma", "delta"], n).tolist(),
-        "submit_s": np.sort(rng.uniform(0.0, 3 * 86400.0, n)),
-        # seconds to days, like Philly: a third of the jobs run past 30 minutes
-        "duration_s": np.clip(rng.lognormal(6.5, 2.0, n), 5.0, 5 * 86400.0),
-        "num_gpus": rng.choice([1, 1, 1, 2, 4, 8, 16], n).astype(np.int64),
-    })
+    jobs = pl.DataFrame(
+        {
+            "job_id": [f"j{i}" for i in range(n)],
+            "vc": rng.choice(["alpha", "beta", "gamma", "delta"], n).tolist(),
+            "submit_s": np.sort(rng.uniform(0.0, 3 * 86400.0, n)),
+            # seconds to days, like Philly: a third of the jobs run past 30 minutes
+            "duration_s": np.clip(rng.lognormal(6.5, 2.0, n), 5.0, 5 * 86400.0),
+            "num_gpus": rng.choice([1, 1, 1, 2, 4, 8, 16], n).astype(np.int64),
+        }
+    )
     cluster = _tiny_cluster()
     load = diurnal_load(4, until_s=6 * 86400.0, peak=0.9, trough=0.1)
     results = run_policies(jobs, cluster, ["fifo", "tiresias", "aryl"], SimConfig(), inference=load)
     # a --failures run adds a dozen summary keys: they must not widen the page either
     for r in results:
-        r.summary.update({key: 12.0 for key in ("failures", "job_interruptions", "lost_gpu_hours_failures",
-                                                 "drains", "drain_true", "drain_false", "false_alarm_gpu_hours",
-                                                 "drain_gpu_hours", "avoided_failures", "predictor")})
+        r.summary.update(
+            {
+                key: 12.0
+                for key in (
+                    "failures",
+                    "job_interruptions",
+                    "lost_gpu_hours_failures",
+                    "drains",
+                    "drain_true",
+                    "drain_false",
+                    "false_alarm_gpu_hours",
+                    "drain_gpu_hours",
+                    "avoided_failures",
+                    "predictor",
+                )
+            }
+        )
     context = {"trace": "synthetic, 400 jobs", "cluster": "tiny: 32 V100 training, 32 T4 inference"}
     return write_sim_report(results, folder / "simulate.html", context=context)
 
@@ -244,8 +264,9 @@ def _health_report(folder: Path) -> Path:
     fleet = folder / "fleet.parquet"
     generate_fleet(FleetConfig(gpus=128, days=45, seed=4, failure_scale=80), fleet)
     features = FeatureConfig(window_h=72, recent_h=24, horizon_h=48)
-    result = evaluate(build_arrays(fleet), ["gbdt", "mlp"],
-                      EvalConfig(features=features, train_days=14, period_days=7, budget=0.02))
+    result = evaluate(
+        build_arrays(fleet), ["gbdt", "mlp"], EvalConfig(features=features, train_days=14, period_days=7, budget=0.02)
+    )
     return write_health_report(result, folder / "health.html", context={"fleet": "synthetic, 128 GPUs, 45 days"})
 
 
@@ -254,17 +275,21 @@ def _contention_report(folder: Path) -> Path:
     from gpufleet.report.contention_report import write_contention_report
 
     result = fit_deepshare(None, holdout=0.3, seed=0, by="cells")
-    return write_contention_report(folder / "contention.html", **report_data(result),
-                                   context={"data": "bundled DeepShare tables"})
+    return write_contention_report(
+        folder / "contention.html", **report_data(result), context={"data": "bundled DeepShare tables"}
+    )
 
 
 def _tiny_cluster() -> Any:
     from gpufleet.spec.cluster import ClusterSpec, Pool
 
-    return ClusterSpec(name="tiny", pools=(
-        Pool(name="train", kind="training", gpu="v100", gpus_per_node=8, nodes=4),
-        Pool(name="infer", kind="inference", gpu="t4", gpus_per_node=8, nodes=4),
-    ))
+    return ClusterSpec(
+        name="tiny",
+        pools=(
+            Pool(name="train", kind="training", gpu="v100", gpus_per_node=8, nodes=4),
+            Pool(name="infer", kind="inference", gpu="t4", gpus_per_node=8, nodes=4),
+        ),
+    )
 
 
 def _inference_report(folder: Path) -> Path:
@@ -320,12 +345,15 @@ def test_checks_catch_a_broken_page(browser: Any, tmp_path: Path) -> None:
 
     from gpufleet.report import html
 
-    lines = go.Figure([go.Scatter(x=[0, 1e4], y=[0, 1], name="a"), go.Scatter(x=[0, 2], y=[1, 0], name="b")],
-                      layout={"showlegend": False, "xaxis": {"range": [0, 10]}})
+    lines = go.Figure(
+        [go.Scatter(x=[0, 1e4], y=[0, 1], name="a"), go.Scatter(x=[0, 2], y=[1, 0], name="b")],
+        layout={"showlegend": False, "xaxis": {"range": [0, 10]}},
+    )
     wide = html.table([f"column {i}" for i in range(60)], [[f"{i:,}" for i in range(60)]])
     # the old grid: with auto-fit the first figure is drawn across the whole row before its neighbour arrives
-    figs = (html.figure_div(lines, div_id="left", include_plotlyjs=True)
-            + html.figure_div(lines, div_id="right", include_plotlyjs=False))
+    figs = html.figure_div(lines, div_id="left", include_plotlyjs=True) + html.figure_div(
+        lines, div_id="right", include_plotlyjs=False
+    )
     old_grid = f'<div style="display:grid;grid-template-columns:repeat(auto-fit,minmax(400px,1fr))">{figs}</div>'
     path = tmp_path / "broken.html"
     path.write_text(html.page("broken", [wide, old_grid, "<script>undefinedFunction()</script>"]), encoding="utf-8")

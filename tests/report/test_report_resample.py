@@ -74,9 +74,7 @@ def _step_integral(time: np.ndarray, value: np.ndarray, start: float, end: float
     tail=st.floats(1e-3, 1e6, allow_nan=False, allow_infinity=False),
     n_buckets=st.integers(1, 50),
 )
-def test_resample_preserves_integral_and_range(
-    steps: list[tuple[float, int]], tail: float, n_buckets: int
-) -> None:
+def test_resample_preserves_integral_and_range(steps: list[tuple[float, int]], tail: float, n_buckets: int) -> None:
     steps = sorted(steps, key=lambda s: s[0])
     time = np.array([s[0] for s in steps])
     value = np.array([s[1] for s in steps], dtype=float)

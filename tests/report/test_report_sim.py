@@ -197,8 +197,9 @@ def test_import_is_light() -> None:
 def test_utilisation_counts_loaned_gpus_as_capacity() -> None:
     """An Aryl run with 8 GPUs busy on loaned servers beyond a 16-GPU training pool stays at or below 100 %."""
     result = make_result("aryl", total_gpus=16)
-    result.timeline = pl.DataFrame({"time_s": [0.0, 10.0, 20.0], "busy_gpus": [8, 24, 16],
-                                    "queued_jobs": [0, 0, 0], "loaned_gpus": [0, 8, 8]})
+    result.timeline = pl.DataFrame(
+        {"time_s": [0.0, 10.0, 20.0], "busy_gpus": [8, 24, 16], "queued_jobs": [0, 0, 0], "loaned_gpus": [0, 8, 8]}
+    )
     assert gpu_utilisation(result).tolist() == [0.5, 1.0, 16 / 24]
     plain = make_result("fifo", total_gpus=16)
     plain.timeline = result.timeline.drop("loaned_gpus")

@@ -83,12 +83,23 @@ def test_the_command_line_refuses_a_crafted_rl_model(tmp_path: Path) -> None:
     marker = tmp_path / "ran"
     path = _payload_in_weights(tmp_path / "evil.zip", marker)
     trace = tmp_path / "jobs.csv"
-    pl.DataFrame({"job_id": ["a", "b"], "submit_s": [0.0, 60.0], "duration_s": [3600.0, 600.0],
-                  "num_gpus": [8, 2]}).write_csv(trace)
-    args = ["simulate", "--trace", str(trace), "--policy", "rl", "--network", "--opt", f"rl.model={path}",
-            "--no-progress"]
-    res = subprocess.run([sys.executable, "-m", "gpufleet.cli", *args], capture_output=True, text=True,
-                         cwd=tmp_path, timeout=300)
+    pl.DataFrame(
+        {"job_id": ["a", "b"], "submit_s": [0.0, 60.0], "duration_s": [3600.0, 600.0], "num_gpus": [8, 2]}
+    ).write_csv(trace)
+    args = [
+        "simulate",
+        "--trace",
+        str(trace),
+        "--policy",
+        "rl",
+        "--network",
+        "--opt",
+        f"rl.model={path}",
+        "--no-progress",
+    ]
+    res = subprocess.run(
+        [sys.executable, "-m", "gpufleet.cli", *args], capture_output=True, text=True, cwd=tmp_path, timeout=300
+    )
     assert res.returncode != 0 and not marker.exists()
     assert "Traceback" not in res.stderr + res.stdout
     last = res.stderr.strip().splitlines()[-1]

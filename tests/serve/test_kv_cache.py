@@ -21,8 +21,12 @@ def _filled(layers=2, blocks=8, block=4, heads=2, dim=3):
 
 def test_gather_matches_plain_indexing_for_every_layer_and_table_shape():
     kv = _filled()
-    tables = [torch.tensor([[0, 5, 9, 31], [3, 3, 0, 0]]), torch.tensor([[7]]),
-              torch.randint(0, 32, (5, 11)), torch.tensor([[1, 2], [30, 31]])]
+    tables = [
+        torch.tensor([[0, 5, 9, 31], [3, 3, 0, 0]]),
+        torch.tensor([[7]]),
+        torch.randint(0, 32, (5, 11)),
+        torch.tensor([[1, 2], [30, 31]]),
+    ]
     for table in tables:  # larger, smaller, larger again: the reused buffers must never leak old contents
         for layer in range(2):
             k, v = kv.gather(layer, table)

@@ -25,9 +25,18 @@ ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_pro
 
 def _hf_model(seed: int = 0):
     torch.manual_seed(seed)
-    config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                                      tie_word_embeddings=False, eos_token_id=2, bos_token_id=1)
+    config = transformers.LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=160,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+        eos_token_id=2,
+        bos_token_id=1,
+    )
     return transformers.LlamaForCausalLM(config).eval()
 
 
@@ -42,8 +51,9 @@ def hf_folder(tmp_path_factory) -> tuple[Path, object]:
 def _write_adapter(base, folder: Path, name: str, rank: int, targets: list[str], seed: int, rslora: bool = False):
     """A PEFT LoRA with random A and B (init_lora_weights=False), saved with PEFT's own save_pretrained."""
     torch.manual_seed(seed)
-    config = peft.LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=targets, init_lora_weights=False,
-                             use_rslora=rslora)
+    config = peft.LoraConfig(
+        r=rank, lora_alpha=2 * rank, target_modules=targets, init_lora_weights=False, use_rslora=rslora
+    )
     wrapped = peft.get_peft_model(_hf_model(), config)
     wrapped.load_state_dict(base.state_dict(), strict=False)  # same base weights as the served model
     with torch.no_grad():
@@ -61,8 +71,9 @@ def adapters(hf_folder, tmp_path_factory):
     peft_models = {
         "all-r8": _write_adapter(base, root, "all-r8", 8, ALL, seed=1),
         "qv-r16": _write_adapter(base, root, "qv-r16", 16, ["q_proj", "v_proj"], seed=2),
-        "mlp-r4-rs": _write_adapter(base, root, "mlp-r4-rs", 4, ["gate_proj", "up_proj", "down_proj"], seed=3,
-                                    rslora=True),
+        "mlp-r4-rs": _write_adapter(
+            base, root, "mlp-r4-rs", 4, ["gate_proj", "up_proj", "down_proj"], seed=3, rslora=True
+        ),
     }
     return root, peft_models
 
@@ -73,7 +84,7 @@ def _greedy_hf(model, prompt: list[int], n: int) -> list[int]:
         for _ in range(n):
             nxt = int(model(ids).logits[0, -1].argmax())
             ids = torch.cat([ids, torch.tensor([[nxt]])], dim=1)
-    return ids[0, len(prompt):].tolist()
+    return ids[0, len(prompt) :].tolist()
 
 
 def _run(engine: Engine, jobs: dict[str, tuple[list[int], str | None]], n: int) -> dict[str, list[int]]:
@@ -101,8 +112,13 @@ def test_peft_adapters_in_one_batch_match_peft(hf_folder, adapters):
     root, peft_models = adapters
     model = load_model(folder)
     engine = Engine(model, AdapterStore(model.config, root), EngineConfig(kv_blocks=64, adapter_slots=4))
-    jobs = {"a": ([5, 6, 7, 8, 9], "all-r8"), "b": ([11, 12, 13], "qv-r16"), "c": ([21, 22, 23, 24], "mlp-r4-rs"),
-            "d": ([5, 6, 7, 8, 9], None), "e": ([30, 31], "all-r8")}
+    jobs = {
+        "a": ([5, 6, 7, 8, 9], "all-r8"),
+        "b": ([11, 12, 13], "qv-r16"),
+        "c": ([21, 22, 23, 24], "mlp-r4-rs"),
+        "d": ([5, 6, 7, 8, 9], None),
+        "e": ([30, 31], "all-r8"),
+    }
     got = _run(engine, jobs, 10)
     for rid, (prompt, adapter) in jobs.items():
         reference = hf if adapter is None else peft_models[adapter]
@@ -205,8 +221,9 @@ def test_an_explicit_kernel_backend_gets_every_row_on_cpu(hf_folder, adapters):
     root, _ = adapters
     model = load_model(folder)
     jobs = {"a": ([5, 6, 7, 8, 9], "all-r8"), "b": ([11, 12, 13], "qv-r16")}
-    reference = _run(Engine(model, AdapterStore(model.config, root), EngineConfig(kv_blocks=64, adapter_slots=4)),
-                     jobs, 4)
+    reference = _run(
+        Engine(model, AdapterStore(model.config, root), EngineConfig(kv_blocks=64, adapter_slots=4)), jobs, 4
+    )
     torch_ops = get_lora_ops("torch")
     forms: list[str] = []
 

@@ -117,8 +117,10 @@ def test_torch_bgmv_matches_oracle(dtype, rank, h_in, h_out):
     assert_close(out, oracle_add_lora(y, x, a, b, scales, idx), dtype)
 
 
-@pytest.mark.parametrize(("rows", "slots", "grouped", "sorts"), [(4, 4, False, False), (64, 8, False, True),
-                                                            (64, 8, True, False), (3, 32, False, False)])
+@pytest.mark.parametrize(
+    ("rows", "slots", "grouped", "sorts"),
+    [(4, 4, False, False), (64, 8, False, True), (64, 8, True, False), (3, 32, False, False)],
+)
 def test_torch_bgmv_both_strategies(monkeypatch, rows, slots, grouped, sorts):
     """Few runs of equal ids are computed in place; many runs are first sorted by slot (Punica's regrouping)."""
     calls = []
@@ -134,8 +136,9 @@ def test_torch_bgmv_both_strategies(monkeypatch, rows, slots, grouped, sorts):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize(("rows", "slots", "expect_padded"), [(32, 32, True), (32, 6, True), (40, 8, True),
-                                                               (32, 1, False), (9, 3, False)])
+@pytest.mark.parametrize(
+    ("rows", "slots", "expect_padded"), [(32, 32, True), (32, 6, True), (40, 8, True), (32, 1, False), (9, 3, False)]
+)
 def test_torch_padded_form_for_many_adapters(monkeypatch, dtype, rows, slots, expect_padded):
     """Many adapters with few rows each run as one padded bmm pair over the slots in use; same result."""
     calls = []
@@ -159,8 +162,12 @@ def test_torch_dense_plan_for_a_full_distinct_batch(dtype):
     other layout does not, and both match the oracle."""
     x, y, a, b, scales = make_case(12, 129, 37, 16, 20, dtype, seed=3)
     dense = torch.arange(12) + 5
-    for idx, expect in ((dense, True), (dense.flip(0), False), (torch.cat([dense[:6], dense[7:], dense[6:7]]), False),
-                        (torch.cat([dense[:11], torch.tensor([-1])]), False)):
+    for idx, expect in (
+        (dense, True),
+        (dense.flip(0), False),
+        (torch.cat([dense[:6], dense[7:], dense[6:7]]), False),
+        (torch.cat([dense[:11], torch.tensor([-1])]), False),
+    ):
         plan = lora_torch.padded_plan(idx)
         assert plan is not None and plan.dense == expect
         out = lora_torch.add_lora_planned(y.clone(), x, a, b, scales, plan)
@@ -348,8 +355,7 @@ def test_triton_split_k_and_padding_interpreted(interpreted, monkeypatch):
     indptr, lora = segments_from_indices(idx)
     ref = oracle_add_lora(y, x, a, b, scales, idx, ranks=ranks)
     assert_close(interpreted.add_lora(y.clone(), x, a, b, scales, idx=idx), ref, torch.float32)
-    assert_close(interpreted.add_lora(y.clone(), x, a, b, scales, seg_indptr=indptr, seg_lora=lora), ref,
-                 torch.float32)
+    assert_close(interpreted.add_lora(y.clone(), x, a, b, scales, seg_indptr=indptr, seg_lora=lora), ref, torch.float32)
 
 
 def test_triton_writes_into_strided_views_interpreted(interpreted):
@@ -380,8 +386,10 @@ def cpu(*tensors):
 @pytest.mark.gpu
 @gpu_only
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
-@pytest.mark.parametrize(("rows", "h_in", "h_out", "rank"), [(1, 4096, 4096, 16), (64, 4096, 11008, 64),
-                                                             (33, 1000, 129, 24), (256, 2048, 2048, 128)])
+@pytest.mark.parametrize(
+    ("rows", "h_in", "h_out", "rank"),
+    [(1, 4096, 4096, 16), (64, 4096, 11008, 64), (33, 1000, 129, 24), (256, 2048, 2048, 128)],
+)
 def test_triton_bgmv_on_gpu(compiled, dtype, rows, h_in, h_out, rank):
     x, y, a, b, scales = make_case(rows, h_in, h_out, rank, 8, dtype, seed=rows, device="cuda")
     idx = random_idx(rows, 8, seed=rows).cuda()

@@ -32,7 +32,7 @@ def sse_events(text: str) -> list[dict | str]:
         if not block:
             continue
         assert block.startswith("data: "), block
-        payload = block[len("data: "):]
+        payload = block[len("data: ") :]
         events.append(payload if payload == "[DONE]" else json.loads(payload))
     return events
 
@@ -55,7 +55,10 @@ def test_models_lists_the_base_model_and_every_adapter():
     body = r.json()
     assert body["object"] == "list"
     assert [(m["id"], m["parent"]) for m in body["data"]] == [
-        ("fake-base", None), ("alpha", "fake-base"), ("beta", "fake-base")]
+        ("fake-base", None),
+        ("alpha", "fake-base"),
+        ("beta", "fake-base"),
+    ]
     assert all(m["object"] == "model" and m["owned_by"] == "gpufleet" for m in body["data"])
 
 
@@ -81,8 +84,9 @@ def test_completion_returns_openai_json_with_usage():
 
 def test_completion_stream_is_sse_ending_with_done():
     c = client()
-    with c.stream("POST", "/v1/completions",
-                  json={"model": "beta", "prompt": "hey", "max_tokens": 5, "stream": True}) as r:
+    with c.stream(
+        "POST", "/v1/completions", json={"model": "beta", "prompt": "hey", "max_tokens": 5, "stream": True}
+    ) as r:
         assert r.status_code == 200
         assert r.headers["content-type"].startswith("text/event-stream")
         events = sse_events(r.read().decode())
@@ -96,11 +100,14 @@ def test_completion_stream_is_sse_ending_with_done():
 
 def test_chat_renders_the_template_and_answers_as_the_assistant():
     backend = FakeBackend()
-    messages = [{"role": "system", "content": "Be brief."},
-                {"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": "!"}]}]
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": "!"}]},
+    ]
     template = "<|system|>\nBe brief.\n<|user|>\nHi!\n<|assistant|>\n"
-    r = client(backend).post("/v1/chat/completions", json={"model": "alpha", "messages": messages,
-                                                           "max_tokens": len(template)})
+    r = client(backend).post(
+        "/v1/chat/completions", json={"model": "alpha", "messages": messages, "max_tokens": len(template)}
+    )
     assert r.status_code == 200
     body = r.json()
     assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
@@ -113,8 +120,13 @@ def test_chat_renders_the_template_and_answers_as_the_assistant():
 
 def test_chat_stream_sends_role_then_deltas_then_finish_and_usage():
     c = client()
-    body = {"model": "fake-base", "messages": [{"role": "user", "content": "yo"}], "max_completion_tokens": 4,
-            "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "model": "fake-base",
+        "messages": [{"role": "user", "content": "yo"}],
+        "max_completion_tokens": 4,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     with c.stream("POST", "/v1/chat/completions", json=body) as r:
         events = sse_events(r.read().decode())
     assert events[-1] == "[DONE]"
@@ -145,8 +157,11 @@ def test_stop_string_cuts_the_text_and_finishes_with_stop():
 
 def test_stop_string_spanning_tokens_never_leaks_in_a_stream():
     c = client()
-    with c.stream("POST", "/v1/completions", json={"model": "fake-base", "prompt": "abcabd", "max_tokens": 6,
-                                                    "stop": "abd", "stream": True}) as r:
+    with c.stream(
+        "POST",
+        "/v1/completions",
+        json={"model": "fake-base", "prompt": "abcabd", "max_tokens": 6, "stop": "abd", "stream": True},
+    ) as r:
         events = sse_events(r.read().decode())[:-1]
     pieces = [e["choices"][0]["text"] for e in events]
     assert "".join(pieces) == "abc"
@@ -181,29 +196,35 @@ def test_adapter_the_backend_rejects_is_404_too():
     assert "ghost" in error["message"] and "/v1/models" in error["message"]
 
 
-@pytest.mark.parametrize("body, field", [
-    ({"prompt": "x", "max_tokens": 0}, "max_tokens"),
-    ({"prompt": "x", "temperature": -0.5}, "temperature"),
-    ({"prompt": "x", "top_p": 0}, "top_p"),
-    ({}, "prompt"),
-    ({"prompt": ""}, "prompt"),
-    ({"prompt": ["a", "b"]}, "prompt"),
-    ({"prompt": [1, -2]}, "prompt"),
-    ({"prompt": "x", "n": 3}, "n"),
-    ({"prompt": "x", "stop": ["ok", ""]}, "stop"),
-    ({"prompt": "x", "model": None}, "model"),
-])
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({"prompt": "x", "max_tokens": 0}, "max_tokens"),
+        ({"prompt": "x", "temperature": -0.5}, "temperature"),
+        ({"prompt": "x", "top_p": 0}, "top_p"),
+        ({}, "prompt"),
+        ({"prompt": ""}, "prompt"),
+        ({"prompt": ["a", "b"]}, "prompt"),
+        ({"prompt": [1, -2]}, "prompt"),
+        ({"prompt": "x", "n": 3}, "n"),
+        ({"prompt": "x", "stop": ["ok", ""]}, "stop"),
+        ({"prompt": "x", "model": None}, "model"),
+    ],
+)
 def test_malformed_completion_is_422_naming_the_field(body, field):
     error = assert_error(completion(client(), **body), 422)
     assert error["param"].startswith(field) and field in error["message"]
 
 
-@pytest.mark.parametrize("body", [
-    {"model": "alpha", "messages": []},
-    {"model": "alpha", "messages": [{"role": "wizard", "content": "x"}]},
-    {"model": "alpha", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "u"}]}]},
-    {"model": "alpha", "messages": [{"role": "user", "content": "x"}], "max_tokens": -1},
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"model": "alpha", "messages": []},
+        {"model": "alpha", "messages": [{"role": "wizard", "content": "x"}]},
+        {"model": "alpha", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "u"}]}]},
+        {"model": "alpha", "messages": [{"role": "user", "content": "x"}], "max_tokens": -1},
+    ],
+)
 def test_malformed_chat_is_422(body):
     assert_error(client().post("/v1/chat/completions", json=body), 422)
 
@@ -267,8 +288,7 @@ async def _concurrently(app, first: dict, second: dict) -> tuple[httpx.Response,
         return await slow, refused
 
 
-@pytest.mark.parametrize("backend, limit", [(FakeBackend(delay=0.02, max_queue=1), None),
-                                            (FakeBackend(delay=0.02), 1)])
+@pytest.mark.parametrize("backend, limit", [(FakeBackend(delay=0.02, max_queue=1), None), (FakeBackend(delay=0.02), 1)])
 def test_overload_is_429_with_retry_after(backend, limit):
     app = create_app(backend, max_concurrent=limit)
     body = {"model": "alpha", "prompt": "slow", "max_tokens": 10}
@@ -305,10 +325,20 @@ async def _call_then_disconnect(app, body: dict, after_bodies: int) -> list[dict
         if sum(m["type"] == "http.response.body" for m in sent) >= after_bodies:
             gone.set()
 
-    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.4"}, "http_version": "1.1",
-             "method": "POST", "scheme": "http", "path": "/v1/completions", "raw_path": b"/v1/completions",
-             "query_string": b"", "root_path": "", "headers": [(b"content-type", b"application/json")],
-             "client": ("127.0.0.1", 1), "server": ("test", 80)}
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.4"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/completions",
+        "raw_path": b"/v1/completions",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"content-type", b"application/json")],
+        "client": ("127.0.0.1", 1),
+        "server": ("test", 80),
+    }
     await asyncio.wait_for(app(scope, receive, send), timeout=5)
     return sent
 
@@ -343,8 +373,9 @@ def test_real_socket_stream_and_disconnect_with_uvicorn():
         url = f"http://127.0.0.1:{port}/v1/completions"
         whole = httpx.post(url, json={"model": "alpha", "prompt": "ab", "max_tokens": 3}, timeout=5)
         assert whole.json()["choices"][0]["text"] == "aba"
-        with httpx.stream("POST", url, json={"model": "alpha", "prompt": "ab", "max_tokens": 100_000,
-                                             "stream": True}, timeout=5) as r:
+        with httpx.stream(
+            "POST", url, json={"model": "alpha", "prompt": "ab", "max_tokens": 100_000, "stream": True}, timeout=5
+        ) as r:
             lines = r.iter_lines()
             assert next(lines).startswith("data: ")
         while not backend.cancelled and time.monotonic() < deadline:

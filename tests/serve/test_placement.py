@@ -24,8 +24,14 @@ from gpufleet.serve.protocol import OverloadedError, SamplingParams, UnknownAdap
 from gpufleet.serve.server import create_app
 
 
-def inst(iid: str, total: int = 1000, *, max_batch: int = 32, block_size: int = 16,
-         running: list[tuple[float, str, str | None, int]] = ()) -> InstanceState:
+def inst(
+    iid: str,
+    total: int = 1000,
+    *,
+    max_batch: int = 32,
+    block_size: int = 16,
+    running: list[tuple[float, str, str | None, int]] = (),
+) -> InstanceState:
     return InstanceState(iid, total, block_size, max_batch, {r[1]: RunningRequest(*r) for r in running})
 
 
@@ -47,8 +53,9 @@ def test_consolidation_fills_the_busiest_instance_first():
 
 
 def test_busiest_wins_over_adapter_affinity():
-    p = PunicaPlacement([inst("a", running=[(0, "x", "lora1", 16)]),
-                         inst("b", running=[(0, "y", "lora2", 16), (1, "z", "lora2", 16)])])
+    p = PunicaPlacement(
+        [inst("a", running=[(0, "x", "lora1", 16)]), inst("b", running=[(0, "y", "lora2", 16), (1, "z", "lora2", 16)])]
+    )
     assert p.choose_instance(req("n", 5, lora="lora1")) == "b"
 
 
@@ -195,8 +202,13 @@ def check_invariants(p: PunicaPlacement, live: set[str]) -> None:
 @settings(max_examples=150, deadline=None)
 @given(ops)
 def test_random_workloads_keep_the_invariants(operations):
-    p = PunicaPlacement([inst("a", 24, max_batch=3, block_size=4), inst("b", 40, max_batch=4, block_size=4),
-                         inst("c", 16, max_batch=2, block_size=4)])
+    p = PunicaPlacement(
+        [
+            inst("a", 24, max_batch=3, block_size=4),
+            inst("b", 40, max_batch=4, block_size=4),
+            inst("c", 16, max_batch=2, block_size=4),
+        ]
+    )
     live: set[str] = set()
     names = itertools.count()
     for t, (op, arg, size) in enumerate(operations):
@@ -247,8 +259,10 @@ def test_frontend_consolidates_concurrent_requests_on_one_instance():
 
 
 def test_frontend_sends_an_adapter_only_where_it_is_served():
-    backends = {"gpu0": FakeBackend(instance_id="gpu0", adapters=["alpha", "rare"]),
-                "gpu1": FakeBackend(instance_id="gpu1", adapters=["alpha"])}
+    backends = {
+        "gpu0": FakeBackend(instance_id="gpu0", adapters=["alpha", "rare"]),
+        "gpu1": FakeBackend(instance_id="gpu1", adapters=["alpha"]),
+    }
     frontend = PlacementFrontend(backends)
     assert frontend.adapter_names() == ["alpha", "rare"]
     chunks = asyncio.run(drain(frontend, [7, 8], "rare", 3, "r"))
@@ -282,8 +296,10 @@ def test_frontend_rejects_mixed_base_models_and_oversized_prompts():
 
 def test_frontend_migrates_the_newest_request_with_prompt_plus_generated():
     clock = itertools.count().__next__
-    backends = {"gpu0": FakeBackend(instance_id="gpu0", total_blocks=6, block_size=4, delay=0.002),
-                "gpu1": FakeBackend(instance_id="gpu1", total_blocks=6, block_size=4, delay=0.002)}
+    backends = {
+        "gpu0": FakeBackend(instance_id="gpu0", total_blocks=6, block_size=4, delay=0.002),
+        "gpu1": FakeBackend(instance_id="gpu1", total_blocks=6, block_size=4, delay=0.002),
+    }
     frontend = PlacementFrontend(backends, clock=clock)
     # both start on gpu1 (tie -> larger id, then the busiest): 2 + 2 blocks of 6; growing past 8 tokens each
     # needs a third block apiece, so gpu1 evicts the newest request, which moves to gpu0
@@ -311,8 +327,10 @@ def test_frontend_reads_engine_style_state_dicts():
 
 
 def test_the_http_server_serves_through_the_frontend():
-    backends = {"gpu0": FakeBackend(instance_id="gpu0", adapters=["alpha"]),
-                "gpu1": FakeBackend(instance_id="gpu1", adapters=["beta"])}
+    backends = {
+        "gpu0": FakeBackend(instance_id="gpu0", adapters=["alpha"]),
+        "gpu1": FakeBackend(instance_id="gpu1", adapters=["beta"]),
+    }
     c = TestClient(create_app(PlacementFrontend(backends)), raise_server_exceptions=False)
     assert [m["id"] for m in c.get("/v1/models").json()["data"]] == ["fake-base", "alpha", "beta"]
     r = c.post("/v1/completions", json={"model": "beta", "prompt": "hi", "max_tokens": 3})

@@ -45,20 +45,31 @@ def test_continuous_batching_keeps_the_batch_full_across_batches(tiny):
     serving the five batches one after another (each as long as its longest request)."""
     model, store, requests, config = tiny
     row = run_system("base_only", model, store, requests, config)
-    batch_by_batch = sum(max(r.output_len for r in requests[i:i + 8]) for i in range(0, 40, 8))
+    batch_by_batch = sum(max(r.output_len for r in requests[i : i + 8]) for i in range(0, 40, 8))
     assert row["steps"] < batch_by_batch
     assert row["steps"] >= sum(r.output_len for r in requests) / 8
 
 
 def _result(popularity, gpufleet, per_adapter, base_only):
-    return {"popularity": popularity, "systems": {"gpufleet": {"tokens_per_s": gpufleet},
-                                                   "per_adapter": {"tokens_per_s": per_adapter},
-                                                   "base_only": {"tokens_per_s": base_only}}}
+    return {
+        "popularity": popularity,
+        "systems": {
+            "gpufleet": {"tokens_per_s": gpufleet},
+            "per_adapter": {"tokens_per_s": per_adapter},
+            "base_only": {"tokens_per_s": base_only},
+        },
+    }
 
 
 def test_bar_is_judged_on_distinct_only():
-    rows = bar_rows([_result("distinct", 800.0, 100.0, 1100.0), _result("uniform", 800.0, 400.0, 900.0),
-                     _result("distinct", 700.0, 100.0, 1100.0), _result("distinct", 900.0, 100.0, 1400.0)])
+    rows = bar_rows(
+        [
+            _result("distinct", 800.0, 100.0, 1100.0),
+            _result("uniform", 800.0, 400.0, 900.0),
+            _result("distinct", 700.0, 100.0, 1100.0),
+            _result("distinct", 900.0, 100.0, 1400.0),
+        ]
+    )
     assert [r["met"] for r in rows] == [True, None, False, False]
     assert rows[0]["per_adapter_speedup"] == pytest.approx(8.0)
     assert rows[3]["base_only_slowdown"] == pytest.approx(1400 / 900)

@@ -103,8 +103,9 @@ def test_inference_loads_free_servers_for_loaning():
 def test_explicit_rate_and_any_load_as_the_profile():
     serving = LoRAServingModel(gpu="a100-80g", model="llama2-7b")
     shape = InferenceLoad("mine", np.array([0.0, 3600.0]), np.array([5, 10]), 10)
-    load = lora_inference_load(shape, pool_servers=20, until_s=7200, serving=serving, peak_rps=4.0,
-                               gpus_per_server=8, headroom=0.0)
+    load = lora_inference_load(
+        shape, pool_servers=20, until_s=7200, serving=serving, peak_rps=4.0, gpus_per_server=8, headroom=0.0
+    )
     expected = np.ceil(serving.gpus_needed(np.array([2.0, 4.0]), "gpufleet") / 8)
     assert load.servers.tolist() == expected.astype(int).tolist()
     assert load.name == "gpufleet:mine"

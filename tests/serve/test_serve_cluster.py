@@ -108,12 +108,17 @@ def test_remote_backend_maps_http_errors_to_backend_errors():
         model = json.loads(request.content)["model"]
         status = {"missing": 404, "busy": 429, "bad": 422}.get(model, 500)
         code = {404: "model_not_found", 429: "overloaded"}.get(status)
-        return httpx.Response(status, json={"error": {"message": f"{model} says no", "type": "x", "param": None,
-                                                      "code": code}})
+        return httpx.Response(
+            status, json={"error": {"message": f"{model} says no", "type": "x", "param": None, "code": code}}
+        )
 
     remote = RemoteBackend("http://remote.test", transport=httpx.MockTransport(reply))
-    for adapter, error in (("missing", UnknownAdapterError), ("busy", OverloadedError), ("bad", ServeError),
-                           ("broken", RemoteBackendError)):
+    for adapter, error in (
+        ("missing", UnknownAdapterError),
+        ("busy", OverloadedError),
+        ("bad", ServeError),
+        ("broken", RemoteBackendError),
+    ):
         with pytest.raises(error, match="says no"):
             asyncio.run(collect(remote, "x", adapter))
     with pytest.raises(ServeError, match="ignore_eos"):
@@ -175,6 +180,7 @@ def test_placement_over_remote_servers_consolidates_then_spills_to_the_other():
             async def run(rid: str) -> set[str]:
                 chunks = await collect(frontend, "hello", "alpha", n=10, request_id=rid)
                 return {c.extra["instance"] for c in chunks}
+
             return await asyncio.gather(run("a"), run("b"))
 
         where = asyncio.run(both())
@@ -210,7 +216,7 @@ def test_a_token_id_prompt_migrates_between_remote_servers_by_its_ids():
 def _first_event(lines: Iterator[str]) -> dict:
     for line in lines:
         if line.startswith("data: "):
-            return json.loads(line[len("data: "):])
+            return json.loads(line[len("data: ") :])
     raise AssertionError("the stream ended without an event")
 
 
@@ -238,9 +244,28 @@ def test_cluster_of_two_engine_workers_spreads_when_full_survives_a_dead_worker_
     port = free_port(span=3)
     front, states = f"http://127.0.0.1:{port}", [f"http://127.0.0.1:{port + 1 + i}/v1/state" for i in range(2)]
     log_path = tmp_path / "cluster.log"
-    cmd = [sys.executable, "-m", "gpufleet.serve.cluster", "serve", "--base", "tiny-llama-random",
-           "--instances", "2", "--port", str(port), "--max-batch", "1", "--random-adapters", "2", "--rank", "4",
-           "--threads", "1", "--kv-blocks", "256"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "gpufleet.serve.cluster",
+        "serve",
+        "--base",
+        "tiny-llama-random",
+        "--instances",
+        "2",
+        "--port",
+        str(port),
+        "--max-batch",
+        "1",
+        "--random-adapters",
+        "2",
+        "--rank",
+        "4",
+        "--threads",
+        "1",
+        "--kv-blocks",
+        "256",
+    ]
     with open(log_path, "wb") as log_file:
         proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env={**os.environ})
     workers: list[psutil.Process] = []
@@ -250,23 +275,32 @@ def test_cluster_of_two_engine_workers_spreads_when_full_survives_a_dead_worker_
         workers = sorted(psutil.Process(proc.pid).children(recursive=True), key=_worker_port)
         assert [_worker_port(w) for w in workers] == [port + 1, port + 2]
         assert [m["id"] for m in httpx.get(f"{front}/v1/models").json()["data"]] == [
-            "tiny-llama-random", "lora-0", "lora-1"]
+            "tiny-llama-random",
+            "lora-0",
+            "lora-1",
+        ]
 
         # greedy "hello" runs past 300 tokens without EOS on both adapters of the seeded random model (about 1 s):
         # the first request still runs when the second arrives
-        body = {"prompt": "hello", "max_tokens": 300, "temperature": 0, "stream": True,
-                "stream_options": {"include_usage": True}}
+        body = {
+            "prompt": "hello",
+            "max_tokens": 300,
+            "temperature": 0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         with httpx.Client(base_url=front, timeout=30) as client:
-            with client.stream("POST", "/v1/completions", json={**body, "model": "lora-0"}) as first, \
-                    client.stream("POST", "/v1/completions", json={**body, "model": "lora-1"}) as second:
+            with (
+                client.stream("POST", "/v1/completions", json={**body, "model": "lora-0"}) as first,
+                client.stream("POST", "/v1/completions", json={**body, "model": "lora-1"}) as second,
+            ):
                 lines = [first.iter_lines(), None]
                 _first_event(lines[0])  # the first request runs (batch 1 = full) before the second is sent
                 lines[1] = second.iter_lines()
                 _first_event(lines[1])
                 served = [httpx.get(u).json()["served"] for u in states]
                 assert served == [1, 1], "with max batch 1 the second request must go to the other worker"
-                usages = [[json.loads(x[6:]) for x in rest if x.startswith("data: {")][-1]["usage"]
-                          for rest in lines]
+                usages = [[json.loads(x[6:]) for x in rest if x.startswith("data: {")][-1]["usage"] for rest in lines]
             assert [u["completion_tokens"] for u in usages] == [300, 300]
             assert [u["prompt_tokens"] for u in usages] == [6, 6]  # BOS + 5 bytes
 

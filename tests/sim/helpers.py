@@ -27,10 +27,15 @@ def jobs_frame(rows: list[tuple[float, float, int]]) -> pl.DataFrame:
     )
 
 
-def simulate(rows, policy: str, nodes: int = 1, gpus_per_node: int = 2, config: SimConfig = FREE_PREEMPTION,
-             **opts) -> SimResult:
-    sim = Simulator(Workload.from_frame(jobs_frame(rows)), [Partition("p", "v100", nodes, gpus_per_node)],
-                    make_policy(policy, **opts), config)
+def simulate(
+    rows, policy: str, nodes: int = 1, gpus_per_node: int = 2, config: SimConfig = FREE_PREEMPTION, **opts
+) -> SimResult:
+    sim = Simulator(
+        Workload.from_frame(jobs_frame(rows)),
+        [Partition("p", "v100", nodes, gpus_per_node)],
+        make_policy(policy, **opts),
+        config,
+    )
     return sim.run()
 
 

@@ -60,8 +60,7 @@ def test_lone_elastic_job_grows_to_its_maximum_after_the_first_round():
     alpha = 0.8
     ecfg = ElasticConfig(scale_pause_s=40.0, interval_s=300.0, loan_speed=0.5)
     jobs = job_frame([(0, 3000, 1)], [(1, 4, 1)])
-    sim = ElasticSimulator(jobs, two_pool(), make_policy("aryl-elastic"), FREE, ecfg, None,
-                           curve=PowerLawCurve(alpha))
+    sim = ElasticSimulator(jobs, two_pool(), make_policy("aryl-elastic"), FREE, ecfg, None, curve=PowerLawCurve(alpha))
     r = sim.run()
     # [0, 300]: one worker, rate 1 -> 300 s of work done. At 300 the knapsack adds 3 workers (1 GPU each,
     # 15 GPUs free): pause 40 s, then rate 4**alpha for the remaining 2700 s.
@@ -95,8 +94,9 @@ def test_inelastic_jobs_never_change_workers_under_aryl_elastic():
 
 def test_flexible_workers_scale_in_for_a_waiting_job():
     # j0 is elastic (1..2 workers of 8 GPUs); j1 (8 GPUs, inelastic) arrives at 500 when j0 fills the pool
-    r = simulate("aryl-elastic", job_frame([(0, 3000, 8), (500, 100, 8)], [(1, 2, 8), (1, 1, 8)]),
-                 two_pool(infer_nodes=0))
+    r = simulate(
+        "aryl-elastic", job_frame([(0, 3000, 8), (500, 100, 8)], [(1, 2, 8), (1, 1, 8)]), two_pool(infer_nodes=0)
+    )
     r2 = 2**ALPHA
     # j0: [0, 300] 1 worker -> 300; at 300 grows to 2 workers: pause 40, rate r2 until 500 -> 160 r2;
     # at 500 scaled in for j1: pause 40, rate 1 until 600 -> 60; at 600 (j1 done, round) grows again:
@@ -171,8 +171,12 @@ def test_load_from_csv_gives_the_same_run_as_the_same_load_in_memory(tmp_path):
 # ---------------------------------------------------------------------------------------------- aryl
 def test_reclaim_scales_in_an_elastic_job_whose_extra_worker_is_on_the_loaned_server():
     # training 1 x 8 V100, inference 1 x 8 T4 idle until 1000; j0 elastic, 1..2 workers of 8 GPUs
-    r = simulate("aryl", job_frame([(0, 3000, 8)], [(1, 2, 8)]), two_pool(train_nodes=1, infer_nodes=1),
-                 inference=step_load([0, 1000], [0, 1], pool_servers=1))
+    r = simulate(
+        "aryl",
+        job_frame([(0, 3000, 8)], [(1, 2, 8)]),
+        two_pool(train_nodes=1, infer_nodes=1),
+        inference=step_load([0, 1000], [0, 1], pool_servers=1),
+    )
     # [0, 300] base worker: 300. At 300 a flexible worker on the loaned server (speed 0.5): pause 40, then
     # rate 1.5**alpha until 1000. At 1000 the server is reclaimed: scale in (pause 40), rate 1 for the rest.
     done = 300.0 + 660.0 * 1.5**ALPHA
@@ -197,8 +201,9 @@ def _reclaim_race(method: str, seed: int):
     """
     ecfg = ElasticConfig(scale_pause_s=40.0, interval_s=300.0, loan_speed=0.5, seed=seed)
     jobs = job_frame([(0, 5000, 8), (10, 5000, 8)], [(1, 2, 8), (1, 1, 8)])
-    return simulate("aryl", jobs, two_pool(train_nodes=1), elastic=ecfg,
-                    inference=step_load([0, 1000], [0, 1]), reclaim=method)
+    return simulate(
+        "aryl", jobs, two_pool(train_nodes=1), elastic=ecfg, inference=step_load([0, 1000], [0, 1]), reclaim=method
+    )
 
 
 def test_cost_reclaim_avoids_the_preemption_that_random_reclaim_makes():
@@ -262,8 +267,13 @@ def test_baselines_ignore_the_inference_pool(policy):
 def test_baseline_usage_by_hand():
     # window = arrivals [0, 100]; training: 8 busy GPUs throughout; inference: 2 servers x 8 GPUs until 50,
     # none after -> 8 on average. (8 + 8) / (16 + 16) = 0.5
-    r = simulate("fifo", job_frame([(0, 100, 8), (100, 50, 8)]), two_pool(), SimConfig(debug=True),
-                 inference=step_load([0, 50], [2, 0]))
+    r = simulate(
+        "fifo",
+        job_frame([(0, 100, 8), (100, 50, 8)]),
+        two_pool(),
+        SimConfig(debug=True),
+        inference=step_load([0, 50], [2, 0]),
+    )
     assert r.summary["usage"] == pytest.approx(0.5)
 
 
@@ -275,8 +285,9 @@ ARYL_KEYS = ("usage", "loaned_gpu_hours", "reclaims", "reclaim_preemptions", "sc
 def test_aryl_summary_keys(policy):
     rows = [(float(i * 37 % 900), float(100 + i * 211 % 2000), [1, 2, 4, 8, 16][i % 5]) for i in range(20)]
     load = step_load([0, 300, 600, 900, 1500], [2, 0, 1, 2, 0])
-    r = simulate(policy, job_frame(rows), two_pool(), elastic=ElasticConfig(elastic_share=0.5, loan_speed=0.5),
-                 inference=load)
+    r = simulate(
+        policy, job_frame(rows), two_pool(), elastic=ElasticConfig(elastic_share=0.5, loan_speed=0.5), inference=load
+    )
     s = r.summary
     for key in ARYL_KEYS:
         assert key in s, key

@@ -40,11 +40,20 @@ def test_held_schedule_never_below_the_need(notice):
 
 
 def test_a_job_naming_a_catalog_model_scales_by_the_perf_model():
-    cluster = ClusterSpec(name="h", pools=(Pool(name="t", kind="training", gpu="h100", nodes=4, nic="ib-ndr",
-                                                 nics_per_node=8),))
-    jobs = pl.DataFrame({"job_id": ["m", "p"], "submit_s": [0.0, 0.0], "duration_s": [36000.0, 36000.0],
-                         "num_gpus": [8, 8], "model": ["gpt3-1.3b", None], "min_workers": [1, 1],
-                         "max_workers": [2, 2]})
+    cluster = ClusterSpec(
+        name="h", pools=(Pool(name="t", kind="training", gpu="h100", nodes=4, nic="ib-ndr", nics_per_node=8),)
+    )
+    jobs = pl.DataFrame(
+        {
+            "job_id": ["m", "p"],
+            "submit_s": [0.0, 0.0],
+            "duration_s": [36000.0, 36000.0],
+            "num_gpus": [8, 8],
+            "model": ["gpt3-1.3b", None],
+            "min_workers": [1, 1],
+            "max_workers": [2, 2],
+        }
+    )
     ecfg = ElasticConfig(scale_pause_s=40.0, interval_s=300.0)
     r = run_one(RunSpec("aryl-elastic", jobs, cluster, SimConfig(restart_s=0.0, debug=True), {}, elastic=ecfg))
     jct = dict(zip(r.jobs["job_id"], r.jobs["jct_s"], strict=True))
@@ -61,7 +70,8 @@ def test_unknown_model_is_a_clear_error():
     from gpufleet.errors import GpufleetError
 
     cluster = ClusterSpec.single_pool(16, gpu="h100")
-    jobs = pl.DataFrame({"job_id": ["x"], "submit_s": [0.0], "duration_s": [10.0], "num_gpus": [8],
-                         "model": ["no-such-model"]})
+    jobs = pl.DataFrame(
+        {"job_id": ["x"], "submit_s": [0.0], "duration_s": [10.0], "num_gpus": [8], "model": ["no-such-model"]}
+    )
     with pytest.raises(GpufleetError, match="job x names model 'no-such-model'"):
         run_one(RunSpec("aryl", jobs, cluster, SimConfig(), {}))

@@ -71,11 +71,16 @@ def _fits_training_pool(num_gpus: int, train_nodes: int, train_gpus: int) -> boo
 
 @pytest.mark.parametrize("policy", ARYL_POLICIES)
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(case=scenarios(), ckpt=st.sampled_from([0.0, 0.0, 150.0]), restart=st.sampled_from([0.0, 30.0]),
-       loan_speed=st.sampled_from([None, 0.5, 1.0]), interval=st.sampled_from([100.0, 300.0]),
-       pause=st.sampled_from([0.0, 40.0]), reclaim=st.sampled_from(["cost", "random", "fewest-jobs"]))
-def test_invariants_hold_on_random_two_pool_runs(policy, case, ckpt, restart, loan_speed, interval, pause,
-                                                 reclaim):
+@given(
+    case=scenarios(),
+    ckpt=st.sampled_from([0.0, 0.0, 150.0]),
+    restart=st.sampled_from([0.0, 30.0]),
+    loan_speed=st.sampled_from([None, 0.5, 1.0]),
+    interval=st.sampled_from([100.0, 300.0]),
+    pause=st.sampled_from([0.0, 40.0]),
+    reclaim=st.sampled_from(["cost", "random", "fewest-jobs"]),
+)
+def test_invariants_hold_on_random_two_pool_runs(policy, case, ckpt, restart, loan_speed, interval, pause, reclaim):
     cfg = SimConfig(checkpoint_interval_s=ckpt, restart_s=restart, debug=True)
     ecfg = ElasticConfig(elastic_share=0.5, loan_speed=loan_speed, interval_s=interval, scale_pause_s=pause)
     load = case["load"]
@@ -133,7 +138,8 @@ def test_invariants_hold_on_random_two_pool_runs(policy, case, ckpt, restart, lo
         assert (loaned == idle).all()
         assert (tl["loaned_gpus_used"].to_numpy() <= loaned * case["infer_gpus"]).all()
         assert (tl["busy_gpus"].to_numpy() <= train_cap + loaned * case["infer_gpus"]).all()
-        assert (tl["inference_gpus"].to_numpy() + loaned * case["infer_gpus"] == load.pool_servers
-                * case["infer_gpus"]).all()
+        assert (
+            tl["inference_gpus"].to_numpy() + loaned * case["infer_gpus"] == load.pool_servers * case["infer_gpus"]
+        ).all()
     assert s["loaned_gpu_hours"] >= 0.0
     assert tl["running_jobs"].to_numpy()[-1] == 0 and tl["queued_jobs"].to_numpy()[-1] == 0

@@ -44,8 +44,12 @@ H = 3600.0
 def failures(*rows: tuple[int, float]) -> pl.DataFrame:
     """(fleet node, time_s) rows -> failure frame; the failing GPU is the node's GPU 3."""
     return pl.DataFrame(
-        {"gpu": [n * 8 + 3 for n, _ in rows], "node": [n for n, _ in rows], "time_s": [t for _, t in rows],
-         "xid": [79] * len(rows)},
+        {
+            "gpu": [n * 8 + 3 for n, _ in rows],
+            "node": [n for n, _ in rows],
+            "time_s": [t for _, t in rows],
+            "xid": [79] * len(rows),
+        },
         schema={"gpu": pl.UInt32, "node": pl.UInt32, "time_s": pl.Float64, "xid": pl.Int64},
     )
 
@@ -53,14 +57,26 @@ def failures(*rows: tuple[int, float]) -> pl.DataFrame:
 def alerts(*rows: tuple[int, float]) -> pl.DataFrame:
     """(fleet node, time_s) rows -> alert frame."""
     return pl.DataFrame(
-        {"gpu": [n * 8 + 2 for n, _ in rows], "node": [n for n, _ in rows], "time_s": [t for _, t in rows],
-         "score": [0.9] * len(rows)},
+        {
+            "gpu": [n * 8 + 2 for n, _ in rows],
+            "node": [n for n, _ in rows],
+            "time_s": [t for _, t in rows],
+            "score": [0.9] * len(rows),
+        },
         schema={"gpu": pl.UInt32, "node": pl.UInt32, "time_s": pl.Float64, "score": pl.Float64},
     )
 
 
-def run(rows, fails: pl.DataFrame | None, alert: pl.DataFrame | None = None, *, policy: str = "fifo",
-        nodes: int = 2, config: SimConfig = CFG, settings: OutageSettings | None = None) -> SimResult:
+def run(
+    rows,
+    fails: pl.DataFrame | None,
+    alert: pl.DataFrame | None = None,
+    *,
+    policy: str = "fifo",
+    nodes: int = 2,
+    config: SimConfig = CFG,
+    settings: OutageSettings | None = None,
+) -> SimResult:
     parts = [Partition("p", "v100", nodes, 8)]
     wl = Workload.from_frame(jobs_frame(rows))
     plan = None
@@ -154,8 +170,14 @@ def test_alerts_on_a_drained_node_merge_and_on_a_node_under_repair_are_ignored()
     al = alerts((0, 1000.0), (0, 2000.0), (0, 4500.0), (0, 5000.0), (1, 21_000.0))
     plan = OutagePlan.build(fails, al, [Partition("p", "v100", 2, 8)], 0.0, settings)
     events = list(zip(plan.time, plan.kind, plan.node, strict=True))
-    assert events == [(1000.0, DRAIN_DOWN, 0), (4600.0, NODE_UP, 0), (5000.0, DRAIN_DOWN, 0),
-                      (8600.0, NODE_UP, 0), (20_000.0, FAIL_DOWN, 1), (27_200.0, NODE_UP, 1)]
+    assert events == [
+        (1000.0, DRAIN_DOWN, 0),
+        (4600.0, NODE_UP, 0),
+        (5000.0, DRAIN_DOWN, 0),
+        (8600.0, NODE_UP, 0),
+        (20_000.0, FAIL_DOWN, 1),
+        (27_200.0, NODE_UP, 1),
+    ]
     s = plan.summary(len(plan))
     assert (s["drains"], s["drain_false"], s["failures"]) == (2, 2, 1)
     assert s["false_alarm_gpu_hours"] == pytest.approx(2 * 8)
@@ -164,8 +186,11 @@ def test_alerts_on_a_drained_node_merge_and_on_a_node_under_repair_are_ignored()
 def test_a_failure_on_a_drained_node_extends_the_outage_to_its_repair() -> None:
     settings = OutageSettings(repair_s=10 * H, drain_s=H)
     plan = OutagePlan.build(failures((0, 1800.0)), alerts((0, 0.0)), [Partition("p", "v100", 1, 8)], 0.0, settings)
-    assert list(zip(plan.time, plan.kind, strict=True)) == [(0.0, DRAIN_DOWN), (1800.0, FAIL_AVOIDED),
-                                                            (1800.0 + 10 * H, NODE_UP)]
+    assert list(zip(plan.time, plan.kind, strict=True)) == [
+        (0.0, DRAIN_DOWN),
+        (1800.0, FAIL_AVOIDED),
+        (1800.0 + 10 * H, NODE_UP),
+    ]
     assert plan.drain_true == [True, False, False]
     # without the predictor the alert is ignored and the failure takes the node down
     base = OutagePlan.build(failures((0, 1800.0)), None, [Partition("p", "v100", 1, 8)], 0.0, settings)
@@ -209,8 +234,15 @@ def two_node_cluster(tmp_path: Path) -> Path:
 
 def test_study_runs_each_policy_without_and_with_the_predictor(tmp_path: Path) -> None:
     cluster = load_cluster(two_node_cluster(tmp_path))
-    res = run_failure_study(jobs_frame(SCENE), cluster, ["fifo", "sjf"], failures((0, 5000.0)),
-                            alerts((0, 4000.0)), CFG, OutageSettings(repair_s=2 * H, drain_s=2 * H))
+    res = run_failure_study(
+        jobs_frame(SCENE),
+        cluster,
+        ["fifo", "sjf"],
+        failures((0, 5000.0)),
+        alerts((0, 4000.0)),
+        CFG,
+        OutageSettings(repair_s=2 * H, drain_s=2 * H),
+    )
     assert [r.policy for r in res] == ["fifo", "fifo+predictor", "sjf", "sjf+predictor"]
     table = comparison(res)
     assert table["predictor"].to_list() == [False, True, False, True]
@@ -243,15 +275,34 @@ def test_cli_compares_policies_without_and_with_the_predictor(monkeypatch, tmp_p
     trace = tmp_path / "jobs.csv"
     jobs_frame(SCENE).write_csv(trace)
     cluster = two_node_cluster(tmp_path)
-    args = ["simulate", "--trace", str(trace), "--cluster", str(cluster), "--policy", "fifo,sjf",
-            "--failures", str(tmp_path / "fleet.parquet"), "--predictor", str(tmp_path / "model.zip"),
-            "--repair-hours", "2", "--drain-hours", "2", "--no-progress"]
+    args = [
+        "simulate",
+        "--trace",
+        str(trace),
+        "--cluster",
+        str(cluster),
+        "--policy",
+        "fifo,sjf",
+        "--failures",
+        str(tmp_path / "fleet.parquet"),
+        "--predictor",
+        str(tmp_path / "model.zip"),
+        "--repair-hours",
+        "2",
+        "--drain-hours",
+        "2",
+        "--no-progress",
+    ]
     res = CliRunner().invoke(app, [*args, "--json"])
     assert res.exit_code == 0, res.output
     rows = json.loads(res.stdout)
     assert seen == {"fleet": str(tmp_path / "fleet.parquet"), "model": str(tmp_path / "model.zip")}
-    assert [(r["policy"], r["predictor"]) for r in rows] == [("fifo", False), ("fifo", True), ("sjf", False),
-                                                             ("sjf", True)]
+    assert [(r["policy"], r["predictor"]) for r in rows] == [
+        ("fifo", False),
+        ("fifo", True),
+        ("sjf", False),
+        ("sjf", True),
+    ]
     fifo, fifo_pred = rows[0], rows[1]
     # --checkpoint-interval defaults to 1 h with --failures: the hand-computed numbers of the first test
     assert fifo["job_interruptions"] == 1 and fifo["lost_gpu_hours_failures"] == pytest.approx(1460 * 8 / H)

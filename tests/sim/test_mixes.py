@@ -75,8 +75,14 @@ def test_aliases_and_bad_intensity() -> None:
 
 def test_weights_follow_upstream() -> None:
     models, demands = mix_weights("heavy", seed=0)
-    assert models == {"MobileNetV3": 0.125, "GraphSage": 0.125, "FSDP": 0.25, "Transformer-XL": 0.125,
-                      "DLRM": 0.125, "MoE": 0.25}
+    assert models == {
+        "MobileNetV3": 0.125,
+        "GraphSage": 0.125,
+        "FSDP": 0.25,
+        "Transformer-XL": 0.125,
+        "DLRM": 0.125,
+        "MoE": 0.25,
+    }
     # per-trace multinomial(100, 1/3) demand weights, shared by every intensity for one seed
     assert list(demands) == list(DEMANDS) and sum(demands.values()) == pytest.approx(1.0)
     assert all(abs(w * 100 - round(w * 100)) < 1e-9 for w in demands.values())
@@ -145,8 +151,10 @@ def test_cli_writes_parquet_that_loads_with_its_model_column(tmp_path: Path) -> 
     from gpufleet.traces import load_trace
 
     out = tmp_path / "mix.parquet"
-    result = CliRunner().invoke(_cli(), ["traces", "mix", "-o", str(out), "--intensity", "low", "--jobs", "32",
-                                         "--arrival", "poisson", "--json"])
+    result = CliRunner().invoke(
+        _cli(),
+        ["traces", "mix", "-o", str(out), "--intensity", "low", "--jobs", "32", "--arrival", "poisson", "--json"],
+    )
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)
     assert summary["jobs"] == 32 and summary["intensity"] == "light"

@@ -21,18 +21,38 @@ MODEL = ContentionModel.default()
 
 
 def _cluster(nodes: int = 4, per_rack: int = 4, oversub: float = 1.0, nic: str = "ib-edr"):
-    return cluster_from_dict({"name": "t", "network": {"oversubscription": oversub},
-                              "pools": [{"name": "train", "kind": "training", "gpu": "v100", "gpus_per_node": 8,
-                                         "nodes": nodes, "nic": nic, "nodes_per_rack": per_rack}]})
+    return cluster_from_dict(
+        {
+            "name": "t",
+            "network": {"oversubscription": oversub},
+            "pools": [
+                {
+                    "name": "train",
+                    "kind": "training",
+                    "gpu": "v100",
+                    "gpus_per_node": 8,
+                    "nodes": nodes,
+                    "nic": nic,
+                    "nodes_per_rack": per_rack,
+                }
+            ],
+        }
+    )
 
 
 def _mix(seed: int, n: int = 64) -> pl.DataFrame:
     rng = np.random.default_rng(seed)
     models = rng.choice(DEEPSHARE_MODELS, size=n, p=[0.125, 0.125, 0.25, 0.125, 0.125, 0.25])
     gpus = rng.choice([2, 4, 8], size=n)
-    return pl.DataFrame({"job_id": [str(i) for i in range(n)], "submit_s": np.sort(rng.uniform(0, 3600, n)),
-                         "duration_s": [MODEL.duration_s(m, int(g)) for m, g in zip(models, gpus, strict=True)],
-                         "num_gpus": gpus, "model": models})
+    return pl.DataFrame(
+        {
+            "job_id": [str(i) for i in range(n)],
+            "submit_s": np.sort(rng.uniform(0, 3600, n)),
+            "duration_s": [MODEL.duration_s(m, int(g)) for m, g in zip(models, gpus, strict=True)],
+            "num_gpus": gpus,
+            "model": models,
+        }
+    )
 
 
 def _state(cluster, n_jobs: int, rng: np.random.Generator) -> NetworkState:
@@ -132,8 +152,15 @@ def test_predict_matches_what_attach_then_does() -> None:
 def test_two_jobs_sharing_both_nodes_finish_at_the_predicted_rate() -> None:
     cluster = _cluster(nodes=2, nic="ib-edr")
     dur = 3600.0
-    jobs = pl.DataFrame({"job_id": ["a", "b"], "submit_s": [0.0, 0.0], "duration_s": [dur, dur],
-                         "num_gpus": [8, 8], "model": ["MoE", "FSDP"]})
+    jobs = pl.DataFrame(
+        {
+            "job_id": ["a", "b"],
+            "submit_s": [0.0, 0.0],
+            "duration_s": [dur, dur],
+            "num_gpus": [8, 8],
+            "model": ["MoE", "FSDP"],
+        }
+    )
     res = run_one(RunSpec("srtf-spread", jobs, cluster, SimConfig(network=True, debug=True)))
     gbps = 100.0
     ratios = {}
@@ -156,8 +183,9 @@ def test_two_jobs_sharing_both_nodes_finish_at_the_predicted_rate() -> None:
     assert res.summary["contention_gpu_h"] > 0
 
 
-@pytest.mark.parametrize("policy", ["las", "srtf", "tiresias", "fifo", "contention", "random", "las-spread",
-                                    "srtf-spread"])
+@pytest.mark.parametrize(
+    "policy", ["las", "srtf", "tiresias", "fifo", "contention", "random", "las-spread", "srtf-spread"]
+)
 def test_every_policy_finishes_a_mix_with_consistent_state(policy: str) -> None:
     jobs = _mix(0)
     res = run_one(RunSpec(policy, jobs, _cluster(), SimConfig(network=True, debug=True)))
@@ -176,8 +204,10 @@ def test_network_off_leaves_the_simulator_unchanged() -> None:
 def test_contention_heuristic_avoids_contention_that_spread_placement_causes() -> None:
     jobs = _mix(2, 96).with_columns(pl.lit(0.0).alias("submit_s"))
     cluster = _cluster(nic="ib-edr")
-    res = {p: run_one(RunSpec(p, jobs, cluster, SimConfig(network=True))).summary
-           for p in ("contention", "srtf-spread", "random")}
+    res = {
+        p: run_one(RunSpec(p, jobs, cluster, SimConfig(network=True))).summary
+        for p in ("contention", "srtf-spread", "random")
+    }
     assert res["srtf-spread"]["multi_node_share"] > 0.95
     assert res["contention"]["contention_gpu_h"] < res["random"]["contention_gpu_h"]
     assert res["contention"]["avg_jct_s"] < res["srtf-spread"]["avg_jct_s"]
@@ -190,8 +220,9 @@ def test_missing_profiles_raise_a_clear_error() -> None:
     with pytest.raises(ConfigError, match="model"):
         run_one(RunSpec("srtf", jobs, _cluster(), SimConfig(network=True)))
     with pytest.raises(ConfigError, match="unknown communication profile"):
-        run_one(RunSpec("srtf", jobs.with_columns(pl.lit("resnet").alias("model")), _cluster(),
-                        SimConfig(network=True)))
+        run_one(
+            RunSpec("srtf", jobs.with_columns(pl.lit("resnet").alias("model")), _cluster(), SimConfig(network=True))
+        )
 
 
 # ---------------------------------------------------------------------------------------------- candidates
@@ -234,8 +265,9 @@ def test_simulator_engine_accepts_a_network_state_directly() -> None:
     cluster = _cluster()
     parts = partitions_for(cluster)
     net = network_for(cluster, parts, jobs)
-    sim = Simulator(Workload.from_frame(jobs), parts, make_policy("contention"), SimConfig(network=True, debug=True),
-                    network=net)
+    sim = Simulator(
+        Workload.from_frame(jobs), parts, make_policy("contention"), SimConfig(network=True, debug=True), network=net
+    )
     res = sim.run()
     assert res.summary["finished"] == 24
     assert not net.links  # every job detached at the end
@@ -252,13 +284,20 @@ def test_waiting_heuristic_never_stalls() -> None:
 def test_srsf_order_starts_the_least_remaining_service_first() -> None:
     """Ordered by GPUs x remaining time, a 2-GPU job of 3 h starts before an 8-GPU job of 1 h (srtf: the other
     way round) when only one of them fits."""
-    jobs = pl.DataFrame({"job_id": ["blocker", "wide-short", "narrow-long"], "submit_s": [0.0, 1.0, 1.0],
-                         "duration_s": [600.0, 3600.0, 3 * 3600.0], "num_gpus": [24, 8, 2],
-                         "model": ["MobileNetV3"] * 3})
+    jobs = pl.DataFrame(
+        {
+            "job_id": ["blocker", "wide-short", "narrow-long"],
+            "submit_s": [0.0, 1.0, 1.0],
+            "duration_s": [600.0, 3600.0, 3 * 3600.0],
+            "num_gpus": [24, 8, 2],
+            "model": ["MobileNetV3"] * 3,
+        }
+    )
     starts = {}
     for order in ("srtf", "srsf"):
-        res = run_one(RunSpec("contention", jobs, _cluster(nodes=4), SimConfig(network=True, debug=True),
-                              {"order": order}))
+        res = run_one(
+            RunSpec("contention", jobs, _cluster(nodes=4), SimConfig(network=True, debug=True), {"order": order})
+        )
         assert res.summary["finished"] == 3
         starts[order] = dict(zip(res.jobs["job_id"].to_list(), res.jobs["start_s"].to_list(), strict=True))
     assert starts["srtf"]["wide-short"] < starts["srtf"]["narrow-long"]

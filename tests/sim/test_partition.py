@@ -45,8 +45,7 @@ def test_spread_uses_many_nodes():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.integers(1, 20), st.booleans(), st.sampled_from(["consolidate", "spread"])),
-                max_size=40))
+@given(st.lists(st.tuples(st.integers(1, 20), st.booleans(), st.sampled_from(["consolidate", "spread"])), max_size=40))
 def test_allocate_release_keeps_books(ops):
     p = Partition("p", "v100", 5, 4)
     held = []

@@ -23,8 +23,9 @@ def philly():
 def test_fifo_with_unlimited_gpus_gives_jct_equal_to_duration(philly):
     # enough 8-GPU nodes for every job at once: nobody waits, every job runs on its fewest nodes
     nodes = int(np.ceil(philly["num_gpus"].sum() / 8)) + 16
-    r = Simulator(Workload.from_frame(philly), [Partition("huge", "v100", nodes, 8)], make_policy("fifo"),
-                  SimConfig()).run()
+    r = Simulator(
+        Workload.from_frame(philly), [Partition("huge", "v100", nodes, 8)], make_policy("fifo"), SimConfig()
+    ).run()
     jobs = r.jobs
     assert r.summary["finished"] == philly.height == 82_247
     np.testing.assert_allclose(jobs["jct_s"].to_numpy(), jobs["duration_s"].to_numpy(), rtol=0, atol=1e-6)

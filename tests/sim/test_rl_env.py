@@ -25,18 +25,39 @@ MODEL = ContentionModel.default()
 
 
 def _cluster(nodes: int = 4):
-    return cluster_from_dict({"name": "t", "network": {"oversubscription": 1.0},
-                              "pools": [{"name": "train", "kind": "training", "gpu": "v100", "gpus_per_node": 8,
-                                         "nodes": nodes, "nic": "ib-edr", "nodes_per_rack": 4}]})
+    return cluster_from_dict(
+        {
+            "name": "t",
+            "network": {"oversubscription": 1.0},
+            "pools": [
+                {
+                    "name": "train",
+                    "kind": "training",
+                    "gpu": "v100",
+                    "gpus_per_node": 8,
+                    "nodes": nodes,
+                    "nic": "ib-edr",
+                    "nodes_per_rack": 4,
+                }
+            ],
+        }
+    )
 
 
 def _sampler(n: int = 24):
     def draw(rng: np.random.Generator, nodes: int = 4) -> pl.DataFrame:
         models = rng.choice(DEEPSHARE_MODELS, size=n)
         gpus = rng.choice([2, 4, 8], size=n)
-        return pl.DataFrame({"job_id": [str(i) for i in range(n)], "submit_s": np.zeros(n),
-                             "duration_s": [MODEL.duration_s(m, int(g)) for m, g in zip(models, gpus, strict=True)],
-                             "num_gpus": gpus, "model": models})
+        return pl.DataFrame(
+            {
+                "job_id": [str(i) for i in range(n)],
+                "submit_s": np.zeros(n),
+                "duration_s": [MODEL.duration_s(m, int(g)) for m, g in zip(models, gpus, strict=True)],
+                "num_gpus": gpus,
+                "model": models,
+            }
+        )
+
     return draw
 
 

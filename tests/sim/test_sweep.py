@@ -28,8 +28,9 @@ def test_process_pool_matches_serial(serial):
 
 def test_ray_local_matches_serial(serial):
     pytest.importorskip("ray")  # the dev extra installs it; the ray extra is optional for users
-    results = run_policies(jobs_frame(ROWS), ClusterSpec.single_pool(32), ["fifo", "tiresias"], SimConfig(),
-                           ray_address="local")
+    results = run_policies(
+        jobs_frame(ROWS), ClusterSpec.single_pool(32), ["fifo", "tiresias"], SimConfig(), ray_address="local"
+    )
     assert results[0].jobs.equals(serial[0].jobs)
     assert results[1].jobs.equals(serial[4].jobs)
 

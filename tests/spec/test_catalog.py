@@ -229,9 +229,7 @@ source = "test"
 
 
 def test_catalog_rejects_alias_owned_by_two_entries() -> None:
-    text = _GOOD_ENTRY.format(aliases='["shared"]') + _GOOD_ENTRY.replace('"x1"', '"x2"').format(
-        aliases='["Shared"]'
-    )
+    text = _GOOD_ENTRY.format(aliases='["shared"]') + _GOOD_ENTRY.replace('"x1"', '"x2"').format(aliases='["Shared"]')
     with pytest.raises(SpecError, match=r"fake\.toml: gpus\[1\]\.aliases: 'Shared' already names GPU 'x1'"):
         read_catalog("fake.toml", GPUSpec, "gpus", text=text)
 

@@ -138,9 +138,7 @@ def test_resized_errors() -> None:
 
 
 _pools = st.lists(
-    st.tuples(
-        st.integers(1, 200), st.sampled_from([1, 2, 4, 8, 16]), st.sampled_from(["training", "inference"])
-    ),
+    st.tuples(st.integers(1, 200), st.sampled_from([1, 2, 4, 8, 16]), st.sampled_from(["training", "inference"])),
     min_size=1,
     max_size=5,
 ).filter(lambda ps: any(kind == "training" for _, _, kind in ps))
@@ -151,9 +149,7 @@ _pools = st.lists(
 def test_resized_properties(pools: list[tuple[int, int, str]], requested: int) -> None:
     c = ClusterSpec(
         name="h",
-        pools=tuple(
-            _pool(name=f"p{i}", nodes=n, gpus_per_node=g, kind=k) for i, (n, g, k) in enumerate(pools)
-        ),
+        pools=tuple(_pool(name=f"p{i}", nodes=n, gpus_per_node=g, kind=k) for i, (n, g, k) in enumerate(pools)),
     )
     r = c.resized(requested)
     total = r.total_gpus("training")

@@ -14,7 +14,5 @@ def test_import_is_light() -> None:
         "and m.split('.')[1] not in ('spec', 'errors')); "
         "print(heavy, own, s.gpu_catalog.cache_info().currsize)"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True
-    ).stdout.strip()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[] [] 0"

@@ -198,7 +198,7 @@ def test_genai_tiling_covers_until_and_keeps_time_of_day(genai96: InferenceLoad)
     assert np.array_equal(np.diff(long.time_s), np.full(long.time_s.size - 1, step))
     tile = TILE_DAYS * per_day
     assert np.array_equal(long.servers[:tile], genai96.servers)
-    assert np.array_equal(long.servers[tile:2 * tile], genai96.servers)  # repeats whole days
+    assert np.array_equal(long.servers[tile : 2 * tile], genai96.servers)  # repeats whole days
     # each repetition starts at midnight: the hour-of-day profile of the second tile is the first's
     first = long.hourly_utilisation(0.0, TILE_DAYS * DAY)
     second = long.hourly_utilisation(TILE_DAYS * DAY, 2 * TILE_DAYS * DAY)

@@ -15,10 +15,7 @@ from gpufleet.traces.schema import CANONICAL_COLUMNS
 @pytest.fixture()
 def model_csv(tmp_path: Path) -> Path:
     path = tmp_path / "jobs.csv"
-    path.write_text("job_id,submit,duration,gpus,model_name\n"
-                    "a,0,100,8,llama2-7b\n"
-                    "b,5,50,1,\n"
-                    "c,7,20,4,resnet50\n")
+    path.write_text("job_id,submit,duration,gpus,model_name\na,0,100,8,llama2-7b\nb,5,50,1,\nc,7,20,4,resnet50\n")
     return path
 
 

@@ -34,9 +34,7 @@ ELASTICFLOW = "job_id,submission_time,duration,num_gpu\nj1,5810,288476,16\nj0,10
 
 def test_column_mapping(tmp_path: Path) -> None:
     path = write(tmp_path, "t.csv", "name,t_submit,runtime,ngpu,team\nx,100,50,2,a\ny,20,7,1,b\n")
-    load = load_trace(
-        path, columns={"job_id": "name", "submit": "t_submit", "duration": "runtime", "gpus": "ngpu"}
-    )
+    load = load_trace(path, columns={"job_id": "name", "submit": "t_submit", "duration": "runtime", "gpus": "ngpu"})
     assert load.reader == "csv"
     assert load.jobs["job_id"].to_list() == ["y", "x"]  # sorted by submit
     assert load.jobs["submit_s"].to_list() == [20.0, 100.0]  # numeric seconds kept as is

@@ -93,17 +93,13 @@ def garbage_csv(draw: st.DrawFn) -> str:
     return ",".join(header) + "\n" + "\n".join(",".join(r) for r in rows) + ending
 
 
-BAD = st.sampled_from(
-    ["0", "-1", "nan", "inf", "1.5", "", "abc", "2017-13-40 25:00:00", "99999999999", "serve"]
-)
+BAD = st.sampled_from(["0", "-1", "nan", "inf", "1.5", "", "abc", "2017-13-40 25:00:00", "99999999999", "serve"])
 
 
 @st.composite
 def plausible_csv(draw: st.DrawFn) -> str:
     """Well-formed CSVs with recognised columns and a sprinkling of bad values: exercises the row path."""
-    header = draw(
-        st.permutations(["submit_s", "duration_s", "num_gpus", *draw(st.sets(st.sampled_from(NAMES)))])
-    )
+    header = draw(st.permutations(["submit_s", "duration_s", "num_gpus", *draw(st.sets(st.sampled_from(NAMES)))]))
     header = list(dict.fromkeys(header))
     cell = st.one_of(GOOD, GOOD, GOOD, BAD)
     rows = draw(st.lists(st.lists(cell, min_size=len(header), max_size=len(header)), max_size=10))

@@ -101,16 +101,12 @@ def test_poisson_rate() -> None:
 
 def test_rate_for_load_is_littles_law() -> None:
     assert rate_for_load(1_000, {2: 1.0}, 3600.0) == pytest.approx(500.0)
-    assert rate_for_load(80_000) == pytest.approx(
-        80_000 / (syn.mean_duration_s() * 107_235 / 82_247) * 3600, rel=1e-9
-    )
+    assert rate_for_load(80_000) == pytest.approx(80_000 / (syn.mean_duration_s() * 107_235 / 82_247) * 3600, rel=1e-9)
 
 
 def test_target_busy_gpus_loads_the_cluster() -> None:
     # Durations with a light tail so that the sample mean is tight.
-    jobs = generate_jobs(
-        300_000, seed=11, target_busy_gpus=5_000, duration_sigma=1.0, gpu_mix={1: 0.7, 8: 0.3}
-    )
+    jobs = generate_jobs(300_000, seed=11, target_busy_gpus=5_000, duration_sigma=1.0, gpu_mix={1: 0.7, 8: 0.3})
     busy = (jobs["duration_s"] * jobs["num_gpus"]).sum() / jobs["submit_s"].max()
     assert busy == pytest.approx(5_000, rel=0.03)
 

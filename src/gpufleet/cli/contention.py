@@ -63,18 +63,25 @@ def _constants_tables(model: ContentionModel) -> tuple[Table, Table]:
 # ---------------------------------------------------------------------------------------------- commands
 @contention_app.command("fit")
 def fit_cmd(
-    folder: Annotated[Path | None, typer.Argument(
-        help="Folder with DeepShare's tables (deepshare_isolated_thp.csv, deepshare_shared_thp_ratio.csv, "
-        "deepshare_total_samples_trained.csv) [default: the tables shipped with gpufleet].")] = None,
-    holdout: Annotated[float, typer.Option(help="Share of cells (or job types, --by types) held back, in (0, 1).")
-                       ] = 0.3,
+    folder: Annotated[
+        Path | None,
+        typer.Argument(
+            help="Folder with DeepShare's tables (deepshare_isolated_thp.csv, deepshare_shared_thp_ratio.csv, "
+            "deepshare_total_samples_trained.csv) [default: the tables shipped with gpufleet]."
+        ),
+    ] = None,
+    holdout: Annotated[
+        float, typer.Option(help="Share of cells (or job types, --by types) held back, in (0, 1).")
+    ] = 0.3,
     seed: Annotated[int, typer.Option(help="Random seed of the held-back draw.")] = 0,
-    by: Annotated[HoldBy, typer.Option(
-        help="Hold back random `cells` of the matrix, or whole victim job `types` (their rows).")] = HoldBy.cells,
+    by: Annotated[
+        HoldBy, typer.Option(help="Hold back random `cells` of the matrix, or whole victim job `types` (their rows).")
+    ] = HoldBy.cells,
     out_path: Annotated[Path | None, typer.Option("--out", help="Save the fitted model (JSON) here.")] = None,
     report: Annotated[Path | None, typer.Option(help="Write a self-contained HTML report here.")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object: summary, per_type, constants.")
-                       ] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print one JSON object: summary, per_type, constants.")
+    ] = False,
 ) -> None:
     """Fit the contention model to DeepShare's co-location matrix and report its error on held-back cells.
 
@@ -101,21 +108,31 @@ def fit_cmd(
     if report is not None:
         from gpufleet.report.contention_report import write_contention_report
 
-        context = {"data": str(folder or default_deepshare_folder()), "held back by": by.value,
-                   "holdout": f"{holdout:g}", "seed": str(seed)}
+        context = {
+            "data": str(folder or default_deepshare_folder()),
+            "held back by": by.value,
+            "holdout": f"{holdout:g}",
+            "seed": str(seed),
+        }
         write_contention_report(report, **report_data(result), context=context)
     if as_json:
-        payload = {"summary": summary,
-                   "per_type": [clean_json(row) for row in per_type],
-                   "constants": model_constants(fit.model)}
+        payload = {
+            "summary": summary,
+            "per_type": [clean_json(row) for row in per_type],
+            "constants": model_constants(fit.model),
+        }
         print(json.dumps(payload, indent=1))
         return
     verdict = "[green]meets[/]" if summary["meets_bar"] else "[red]misses[/]"
-    out.print(f"[bold]contention fit[/] on {summary['cells']:,} cells of DeepShare's matrix, "
-              f"{summary['held_back']:,} held back by {by.value} (holdout {holdout:g}, seed {seed}); "
-              f"{summary['free_constants']} free constants")
-    out.print(f"train MAE {fit.train_mae:.4f}  held-back MAE [bold]{fit.test_mae:.4f}[/]  "
-              f"held-back worst {fit.test_max:.4f}  -> {verdict} the {MAE_BAR} bar")
+    out.print(
+        f"[bold]contention fit[/] on {summary['cells']:,} cells of DeepShare's matrix, "
+        f"{summary['held_back']:,} held back by {by.value} (holdout {holdout:g}, seed {seed}); "
+        f"{summary['free_constants']} free constants"
+    )
+    out.print(
+        f"train MAE {fit.train_mae:.4f}  held-back MAE [bold]{fit.test_mae:.4f}[/]  "
+        f"held-back worst {fit.test_max:.4f}  -> {verdict} the {MAE_BAR} bar"
+    )
     for table in _constants_tables(fit.model):
         out.print(table)
     types = Table(title="held-back error by victim job type", header_style="bold")
@@ -123,8 +140,14 @@ def fit_cmd(
         types.add_column(col, justify="left" if col == "job type" else "right")
     for row in per_type:
         f = format_fixed
-        types.add_row(row["job_type"], str(row["held_back"]), f(row["mae"]), f(row["max"]),
-                      f(row["sensitivity"]), f(row["intensity"]))
+        types.add_row(
+            row["job_type"],
+            str(row["held_back"]),
+            f(row["mae"]),
+            f(row["max"]),
+            f(row["sensitivity"]),
+            f(row["intensity"]),
+        )
     out.print(types)
     if out_path is not None:
         err.print(f"model written to {out_path}")
@@ -134,10 +157,11 @@ def fit_cmd(
 
 @contention_app.command("show")
 def show_cmd(
-    model_path: Annotated[Path | None, typer.Option("--model", help="A model written by `contention fit --out` "
-                                                                    "[default: the shipped model].")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the constants and the pair table as JSON.")
-                       ] = False,
+    model_path: Annotated[
+        Path | None,
+        typer.Option("--model", help="A model written by `contention fit --out` [default: the shipped model]."),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the constants and the pair table as JSON.")] = False,
 ) -> None:
     """Print a contention model's constants and its predicted model-pair ratios at 8 GPUs over 2 nodes.
 
@@ -150,22 +174,34 @@ def show_cmd(
     from gpufleet.perf.contention_study import SHOW_PLACEMENT, model_constants, pair_matrix
 
     if model_path is not None and not model_path.is_file():
-        raise ConfigError(f"{model_path}: no such model file; write one with `gpufleet contention fit --out "
-                          f"{model_path}`")
+        raise ConfigError(
+            f"{model_path}: no such model file; write one with `gpufleet contention fit --out {model_path}`"
+        )
     model = ContentionModel.load(model_path) if model_path is not None else ContentionModel.default()
     gpus, nodes = SHOW_PLACEMENT
     names, matrix = pair_matrix(model, gpus, nodes)
     if as_json:
-        print(json.dumps({"source": model.source, "constants": model_constants(model),
-                          "placement": {"gpus": gpus, "nodes": nodes},
-                          "pair_ratios": {v: dict(zip(names, row, strict=True))
-                                          for v, row in zip(names, matrix, strict=True)}}, indent=1))
+        print(
+            json.dumps(
+                {
+                    "source": model.source,
+                    "constants": model_constants(model),
+                    "placement": {"gpus": gpus, "nodes": nodes},
+                    "pair_ratios": {
+                        v: dict(zip(names, row, strict=True)) for v, row in zip(names, matrix, strict=True)
+                    },
+                },
+                indent=1,
+            )
+        )
         return
     out.print(f"[bold]contention model[/] {model_path or '(shipped)'}: {model.source or 'no source recorded'}")
     for table in _constants_tables(model):
         out.print(table)
-    pairs = Table(title=f"predicted throughput ratio, victim (row) beside aggressor (column), {gpus} GPUs on "
-                        f"{nodes} nodes each", header_style="bold")
+    pairs = Table(
+        title=f"predicted throughput ratio, victim (row) beside aggressor (column), {gpus} GPUs on {nodes} nodes each",
+        header_style="bold",
+    )
     pairs.add_column("victim \\ aggressor")
     for a in names:
         pairs.add_column(a, justify="right")

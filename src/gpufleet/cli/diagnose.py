@@ -75,8 +75,10 @@ def analyze(
 
 
 def _print_findings(diagnosis, findings) -> None:
-    out.print(f"{len(diagnosis.ranks)} rank(s), median step {diagnosis.step_s_median * 1e3:.2f} ms, "
-              f"{len(diagnosis.alarms)} alarm(s)")
+    out.print(
+        f"{len(diagnosis.ranks)} rank(s), median step {diagnosis.step_s_median * 1e3:.2f} ms, "
+        f"{len(diagnosis.alarms)} alarm(s)"
+    )
     for note in diagnosis.notes:
         out.print(f"[yellow]note:[/] {note}")
     if not findings:
@@ -87,9 +89,14 @@ def _print_findings(diagnosis, findings) -> None:
         table.add_column(col, justify="right" if col in ("ms/step", "score") else "left", overflow="fold")
     for f in findings:
         evidence = {k: v for k, v in f.evidence.items() if k not in ("top_functions", "extra_functions", "also")}
-        table.add_row("all" if f.rank is None else str(f.rank), f.category, f.function[:60],
-                      f"{f.cost_s_per_step * 1e3:.2f}", f"{f.score:.1f}",
-                      ", ".join(f"{k}={v}" for k, v in evidence.items())[:120])
+        table.add_row(
+            "all" if f.rank is None else str(f.rank),
+            f.category,
+            f.function[:60],
+            f"{f.cost_s_per_step * 1e3:.2f}",
+            f"{f.score:.1f}",
+            ", ".join(f"{k}={v}" for k, v in evidence.items())[:120],
+        )
     out.print(table)
 
 
@@ -117,14 +124,26 @@ def functions(
     for col in cols:
         table.add_column(col, overflow="fold")
     for r in summary.iter_rows(named=True):
-        table.add_row(str(r["rank"]), r["domain"], r["category"], r["function"][:60], f"{r['calls_per_step']:.1f}",
-                      f"{r['total_s']:.4f}", f"{r['mean_s'] * 1e3:.3f}", f"{r['p95_s'] * 1e3:.3f}",
-                      f"{r['cv']:.2f}", f"{r['share_of_step']:.1%}")
+        table.add_row(
+            str(r["rank"]),
+            r["domain"],
+            r["category"],
+            r["function"][:60],
+            f"{r['calls_per_step']:.1f}",
+            f"{r['total_s']:.4f}",
+            f"{r['mean_s'] * 1e3:.3f}",
+            f"{r['p95_s'] * 1e3:.3f}",
+            f"{r['cv']:.2f}",
+            f"{r['share_of_step']:.1%}",
+        )
     out.print(table)
 
 
-@diagnose_app.command("breakdown", help="GPU time of each rank as HTA reports it: idle / compute / non-compute, "
-                      "communication-computation overlap, late-starting collective (straggler).")
+@diagnose_app.command(
+    "breakdown",
+    help="GPU time of each rank as HTA reports it: idle / compute / non-compute, "
+    "communication-computation overlap, late-starting collective (straggler).",
+)
 def breakdown(
     traces: Annotated[Path, typer.Argument(help="Folder of per-rank traces (or one trace file).")],
     as_json: Annotated[bool, typer.Option("--json", help="Print the tables as JSON.")] = False,
@@ -149,8 +168,13 @@ def breakdown(
         t.add_column(col, justify="right")
     for r in table.iter_rows(named=True):
         ov = r.get("overlap_pct")
-        t.add_row(str(r["rank"]), f"{r['idle_pct']:.1f}", f"{r['compute_pct']:.1f}", f"{r['non_compute_pct']:.1f}",
-                  "-" if ov is None else f"{ov:.1f}")
+        t.add_row(
+            str(r["rank"]),
+            f"{r['idle_pct']:.1f}",
+            f"{r['compute_pct']:.1f}",
+            f"{r['non_compute_pct']:.1f}",
+            "-" if ov is None else f"{ov:.1f}",
+        )
     out.print(t)
     out.print(f"late-start straggler candidates: {candidates or 'none'} {note}")
 
@@ -176,19 +200,40 @@ def stragglers(
     for note in report.notes:
         out.print(f"[yellow]note:[/] {note}")
     found = report.stragglers
-    out.print(f"{frame['rank'].n_unique()} ranks, {frame['step'].n_unique()} steps, "
-              f"{found.height} straggler(s) at threshold {threshold}")
+    out.print(
+        f"{frame['rank'].n_unique()} ranks, {frame['step'].n_unique()} steps, "
+        f"{found.height} straggler(s) at threshold {threshold}"
+    )
     t = Table(title="Stragglers first, then ranks by relative score (1.0 = as fast as the fastest)")
-    for col in ("section", "rank", "median", "relative", "individual", "z", "straggler", "slow from step",
-                "recovered", "slowdown"):
+    for col in (
+        "section",
+        "rank",
+        "median",
+        "relative",
+        "individual",
+        "z",
+        "straggler",
+        "slow from step",
+        "recovered",
+        "slowdown",
+    ):
         t.add_column(col, justify="left" if col == "section" else "right")
     rows = report.ranks.sort(["is_straggler", "relative_score"], descending=[True, False]).head(20)
     for r in rows.iter_rows(named=True):
+
         def fmt(v, spec=".3f"):
             return "-" if v is None or v != v else format(v, spec)
-        t.add_row(str(r["section"]), str(r["rank"]), fmt(r["median_s"], ".4g"), fmt(r["relative_score"]),
-                  fmt(r["individual_score"]), fmt(r["z"], ".1f"), "yes" if r["is_straggler"] else "",
-                  fmt(r["first_slow_step"], "d") if r["first_slow_step"] is not None else "-",
-                  fmt(r["recovered_step"], "d") if r["recovered_step"] is not None else "-",
-                  fmt(r["slowdown"], ".2f"))
+
+        t.add_row(
+            str(r["section"]),
+            str(r["rank"]),
+            fmt(r["median_s"], ".4g"),
+            fmt(r["relative_score"]),
+            fmt(r["individual_score"]),
+            fmt(r["z"], ".1f"),
+            "yes" if r["is_straggler"] else "",
+            fmt(r["first_slow_step"], "d") if r["first_slow_step"] is not None else "-",
+            fmt(r["recovered_step"], "d") if r["recovered_step"] is not None else "-",
+            fmt(r["slowdown"], ".2f"),
+        )
     out.print(t)

@@ -43,15 +43,25 @@ def parse_hours(text: str, what: str) -> int:
 def _progress() -> Any:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    return Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,}"),
-                    TimeElapsedColumn(), console=err, transient=True, disable=not err.is_terminal)
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed:,}/{task.total:,}"),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+        disable=not err.is_terminal,
+    )
 
 
 def _feature_config(window: str, horizon: str, recent: str = "24h") -> Any:
     from gpufleet.health.features import FeatureConfig
 
-    return FeatureConfig(window_h=parse_hours(window, "--window"), horizon_h=parse_hours(horizon, "--horizon"),
-                         recent_h=parse_hours(recent, "--recent"))
+    return FeatureConfig(
+        window_h=parse_hours(window, "--window"),
+        horizon_h=parse_hours(horizon, "--horizon"),
+        recent_h=parse_hours(recent, "--recent"),
+    )
 
 
 def _arrays(path: Path, bin_h: int = 6) -> Any:
@@ -67,9 +77,13 @@ def generate(
     gpus: Annotated[int, typer.Option(help="GPUs in the fleet (8 per node, 4 nodes per rack).")] = 20_000,
     days: Annotated[float, typer.Option(help="Days of hourly telemetry.")] = 120.0,
     seed: Annotated[int, typer.Option(help="Random seed: the same seed gives the same fleet.")] = 0,
-    failure_scale: Annotated[float, typer.Option(
-        help="Multiply Llama 3's published failure rate (1.16e-5 per GPU-hour), e.g. to get failures in a "
-        "small fleet.")] = 1.0,
+    failure_scale: Annotated[
+        float,
+        typer.Option(
+            help="Multiply Llama 3's published failure rate (1.16e-5 per GPU-hour), e.g. to get failures in a "
+            "small fleet."
+        ),
+    ] = 1.0,
 ) -> None:
     """Draw a synthetic GPU fleet with hourly DCGM telemetry and the failures it ends in.
 
@@ -87,8 +101,10 @@ def generate(
         summary = generate_fleet(cfg, out_path, progress=lambda done, _total: bar.update(task, completed=done))
     kinds = ", ".join(f"{k} {v}" for k, v in summary.failures_by_kind.items())
     err.print(f"wrote {summary.rows:,} rows ({summary.gpus:,} GPUs x {summary.hours:,} h) to {summary.path}")
-    err.print(f"{summary.failures:,} failures ({kinds}); {summary.with_precursor:,} with a precursor, "
-              f"{summary.decoy_episodes:,} look-alike episodes on healthy GPUs; truth in {summary.failures_path}")
+    err.print(
+        f"{summary.failures:,} failures ({kinds}); {summary.with_precursor:,} with a precursor, "
+        f"{summary.decoy_episodes:,} look-alike episodes on healthy GPUs; truth in {summary.failures_path}"
+    )
 
 
 @health_app.command("import")
@@ -96,29 +112,37 @@ def import_(
     source: Annotated[Path, typer.Argument(help="dcgm-exporter scrape(s) (.prom / folder), CSV or Parquet.")],
     out_path: Annotated[Path, typer.Option("-o", "--out", help="Canonical hourly Parquet to write.")],
     reader: Annotated[str | None, typer.Option(help="Force a reader: prometheus, csv or parquet.")] = None,
-    columns: Annotated[str | None, typer.Option(
-        help="Column mapping canonical=source for CSV/Parquet, e.g. 'gpu=card,time=ts,host=node'.")] = None,
-    xid: Annotated[list[Path] | None, typer.Option(
-        help="Kernel log (dmesg, kern.log, journalctl) whose 'NVRM: Xid' lines are merged; repeatable.")] = None,
+    columns: Annotated[
+        str | None,
+        typer.Option(help="Column mapping canonical=source for CSV/Parquet, e.g. 'gpu=card,time=ts,host=node'."),
+    ] = None,
+    xid: Annotated[
+        list[Path] | None,
+        typer.Option(help="Kernel log (dmesg, kern.log, journalctl) whose 'NVRM: Xid' lines are merged; repeatable."),
+    ] = None,
 ) -> None:
     """Read real telemetry exports into the canonical hourly Parquet that train / evaluate / predict read."""
     from gpufleet.health import hourly, readers
     from gpufleet.health import xid as xid_mod
 
-    read = readers.read_telemetry(source, reader=reader,
-                                  columns=readers.parse_column_map(columns) if columns else None)
+    read = readers.read_telemetry(source, reader=reader, columns=readers.parse_column_map(columns) if columns else None)
     frame = hourly.resample_hourly(read.frame)
     if read.malformed:
-        err.print(f"[yellow]warning:[/] {read.malformed:,} malformed lines skipped, e.g. "
-                  + "; ".join(read.malformed_examples[:3]))
+        err.print(
+            f"[yellow]warning:[/] {read.malformed:,} malformed lines skipped, e.g. "
+            + "; ".join(read.malformed_examples[:3])
+        )
     if read.unknown_fields:
-        err.print(f"kept {len(read.unknown_fields)} fields not in the DCGM catalog: "
-                  + ", ".join(read.unknown_fields[:8]))
+        err.print(
+            f"kept {len(read.unknown_fields)} fields not in the DCGM catalog: " + ", ".join(read.unknown_fields[:8])
+        )
     for log in xid or []:
         parsed = xid_mod.parse_kernel_log(log)
         if parsed.malformed:
-            err.print(f"[yellow]warning:[/] {log}: {parsed.malformed:,} unreadable Xid lines, e.g. "
-                      + "; ".join(parsed.malformed_examples[:3]))
+            err.print(
+                f"[yellow]warning:[/] {log}: {parsed.malformed:,} unreadable Xid lines, e.g. "
+                + "; ".join(parsed.malformed_examples[:3])
+            )
         frame = hourly.merge_xid_events(frame, parsed.events)
         err.print(f"{log}: {parsed.events.height:,} XID events merged")
     out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -129,20 +153,27 @@ def import_(
 @health_app.command()
 def train(
     fleet: Annotated[Path, typer.Argument(help="Canonical hourly telemetry (Parquet).")],
-    out_path: Annotated[Path, typer.Option(
-        "-o", "--out", help="Model file to write: a zip of JSON, safetensors and LightGBM text (never a pickle)."
-    )] = Path("model.zip"),
+    out_path: Annotated[
+        Path,
+        typer.Option(
+            "-o", "--out", help="Model file to write: a zip of JSON, safetensors and LightGBM text (never a pickle)."
+        ),
+    ] = Path("model.zip"),
     model: Annotated[str, typer.Option(help="gbdt, mlp, lstm, cnn1d, parallel or cascade.")] = "cascade",
     window: Annotated[str, typer.Option(help="Observation window each prediction looks back over.")] = "7d",
-    horizon: Annotated[str, typer.Option(help="A GPU is positive if it fails within this after the prediction.")
-                       ] = "48h",
+    horizon: Annotated[
+        str, typer.Option(help="A GPU is positive if it fails within this after the prediction.")
+    ] = "48h",
     train_span: Annotated[str, typer.Option(help="Train on this much of the most recent telemetry.")] = "28d",
     calibrate: Annotated[str, typer.Option(help="Held-out tail used to turn scores into probabilities.")] = "14d",
-    until: Annotated[str | None, typer.Option(
-        help="Use telemetry only up to this time since the start (e.g. 60d), keeping the rest unseen, e.g. for "
-        "`gpufleet simulate --failures ... --predictor`.")] = None,
-    budget: Annotated[float, typer.Option(help="Alerts per GPU per daily round (2.5e-4: 5 on 20,000 GPUs).")
-                      ] = 2.5e-4,
+    until: Annotated[
+        str | None,
+        typer.Option(
+            help="Use telemetry only up to this time since the start (e.g. 60d), keeping the rest unseen, e.g. for "
+            "`gpufleet simulate --failures ... --predictor`."
+        ),
+    ] = None,
+    budget: Annotated[float, typer.Option(help="Alerts per GPU per daily round (2.5e-4: 5 on 20,000 GPUs).")] = 2.5e-4,
     seed: Annotated[int, typer.Option()] = 0,
 ) -> None:
     """Fit a failure predictor on the most recent telemetry and save it (rerun every period: sliding training)."""
@@ -153,13 +184,22 @@ def train(
         arrays = _truncate(arrays, parse_hours(until, "--until"))
     fc = _feature_config(window, horizon)
     with err.status(f"training {model} ..."):
-        pred = train_predictor(arrays, model, fc, train_days=parse_hours(train_span, "--train-span") / 24,
-                               calibrate_days=parse_hours(calibrate, "--calibrate") / 24, budget=budget, seed=seed,
-                               source=str(fleet.resolve()))
+        pred = train_predictor(
+            arrays,
+            model,
+            fc,
+            train_days=parse_hours(train_span, "--train-span") / 24,
+            calibrate_days=parse_hours(calibrate, "--calibrate") / 24,
+            budget=budget,
+            seed=seed,
+            source=str(fleet.resolve()),
+        )
     pred.save(out_path)
     t = pred.trained
-    err.print(f"{model} trained on {t['instances']:,} instances ({t['positives']:,} positive) from {t['from']} "
-              f"to {t['to']}; saved to {out_path}")
+    err.print(
+        f"{model} trained on {t['instances']:,} instances ({t['positives']:,} positive) from {t['from']} "
+        f"to {t['to']}; saved to {out_path}"
+    )
 
 
 def _truncate(arrays: Any, hours: int) -> Any:
@@ -173,8 +213,9 @@ def _truncate(arrays: Any, hours: int) -> Any:
 @health_app.command()
 def evaluate(
     fleet: Annotated[Path, typer.Argument(help="Canonical hourly telemetry with failures (Parquet).")],
-    models: Annotated[str, typer.Option(help="Comma-separated: gbdt, mlp, lstm, cnn1d, parallel, cascade.")
-                      ] = "gbdt,mlp,lstm,cnn1d,parallel,cascade",
+    models: Annotated[
+        str, typer.Option(help="Comma-separated: gbdt, mlp, lstm, cnn1d, parallel, cascade.")
+    ] = "gbdt,mlp,lstm,cnn1d,parallel,cascade",
     sliding: Annotated[str, typer.Option(help="Retrain period of sliding training.")] = "14d",
     train_span: Annotated[str, typer.Option(help="Training window (L_train) of every fit.")] = "28d",
     mode: Annotated[str, typer.Option(help="once, sliding or both (comma-separated).")] = "once,sliding",
@@ -196,29 +237,54 @@ def evaluate(
     names = [m.strip() for m in models.split(",") if m.strip()]
     modes = [m.strip() for m in mode.split(",") if m.strip()]
     arrays = _arrays(fleet)
-    cfg = EvalConfig(features=_feature_config(window, horizon), train_days=parse_hours(train_span, "--train-span") / 24,
-                     period_days=parse_hours(sliding, "--sliding") / 24, budget=budget, seed=seed)
+    cfg = EvalConfig(
+        features=_feature_config(window, horizon),
+        train_days=parse_hours(train_span, "--train-span") / 24,
+        period_days=parse_hours(sliding, "--sliding") / 24,
+        budget=budget,
+        seed=seed,
+    )
     with err.status("evaluating ...") as status:
         result = run_eval(arrays, names, cfg, modes=modes, progress=lambda msg: status.update(msg))
     if as_json:
-        print(json.dumps({"failures": result.failures, "models": result.table.to_dicts(),
-                          "monthly": result.monthly.to_dicts()}, indent=2, default=str))
+        print(
+            json.dumps(
+                {"failures": result.failures, "models": result.table.to_dicts(), "monthly": result.monthly.to_dicts()},
+                indent=2,
+                default=str,
+            )
+        )
     else:
         table = Table(title=f"{fleet.name}: {result.failures:,} failures in the test span", header_style="bold")
         for col in ("model", "mode", "alerts", "right", "precision", "recall", "F1", "lead h"):
             table.add_column(col, justify="left" if col in ("model", "mode") else "right")
         for r in result.table.iter_rows(named=True):
-            table.add_row(r["model"], r["mode"], f"{r['alerts']:,}", f"{r['true_alerts']:,}",
-                          f"{100 * r['precision']:.1f} %", f"{100 * r['recall']:.1f} %", f"{r['f1']:.3f}",
-                          "-" if r["lead_h_median"] is None else f"{r['lead_h_median']:.0f}")
+            table.add_row(
+                r["model"],
+                r["mode"],
+                f"{r['alerts']:,}",
+                f"{r['true_alerts']:,}",
+                f"{100 * r['precision']:.1f} %",
+                f"{100 * r['recall']:.1f} %",
+                f"{r['f1']:.3f}",
+                "-" if r["lead_h_median"] is None else f"{r['lead_h_median']:.0f}",
+            )
         out.print(table)
     if report is not None:
         from gpufleet.report.health_report import write_health_report
 
-        path = write_health_report(result, report, context={
-            "telemetry": str(fleet), "GPUs": f"{arrays.gpus:,}", "days": f"{arrays.hours / 24:g}",
-            "budget": f"{budget:g} alerts per GPU per round", "window / horizon": f"{window} / {horizon}",
-            "training window / sliding period": f"{train_span} / {sliding}"})
+        path = write_health_report(
+            result,
+            report,
+            context={
+                "telemetry": str(fleet),
+                "GPUs": f"{arrays.gpus:,}",
+                "days": f"{arrays.hours / 24:g}",
+                "budget": f"{budget:g} alerts per GPU per round",
+                "window / horizon": f"{window} / {horizon}",
+                "training window / sliding period": f"{train_span} / {sliding}",
+            },
+        )
         err.print(f"report written to {path}")
 
 
@@ -239,14 +305,16 @@ def predict(
         print(json.dumps(frame.to_dicts(), indent=2, default=str))
         return
     horizon = pred.features.horizon_h
-    table = Table(title=f"most likely to fail within {horizon} h of {frame['time'][0]} ({pred.model_name})",
-                  header_style="bold")
+    table = Table(
+        title=f"most likely to fail within {horizon} h of {frame['time'][0]} ({pred.model_name})", header_style="bold"
+    )
     for col in ("rank", "gpu", "node", "score", "probability", "alert"):
         table.add_column(col, justify="right")
     for r in frame.iter_rows(named=True):
         prob = "-" if r["probability"] != r["probability"] else f"{100 * r['probability']:.0f} %"
-        table.add_row(str(r["rank"]), str(r["gpu"]), str(r["node"]), f"{r['score']:.3g}", prob,
-                      "yes" if r["alert"] else "")
+        table.add_row(
+            str(r["rank"]), str(r["gpu"]), str(r["node"]), f"{r['score']:.3g}", prob, "yes" if r["alert"] else ""
+        )
     out.print(table)
 
 

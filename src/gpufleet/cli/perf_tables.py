@@ -42,8 +42,16 @@ BREAKDOWN_LABELS = {
 }
 #: Columns of the validate table shown without ``--wide``.
 VALIDATE_COLUMNS = ("row", "case", "layout (as predicted)", "measured", "predicted", "error", "fits")
-_SHORT = {"compute": "compute", "tp_comm": "TP comm", "cp_comm": "CP comm", "pp_bubble": "bubble", "pp_comm": "PP comm",
-          "dp_comm_exposed": "DP comm", "optimizer": "optim.", "overhead": "overhead"}
+_SHORT = {
+    "compute": "compute",
+    "tp_comm": "TP comm",
+    "cp_comm": "CP comm",
+    "pp_bubble": "bubble",
+    "pp_comm": "PP comm",
+    "dp_comm_exposed": "DP comm",
+    "optimizer": "optim.",
+    "overhead": "overhead",
+}
 
 
 # ---------------------------------------------------------------------------------------------- formatting
@@ -61,9 +69,12 @@ def _header(est: StepEstimate) -> str:
 
 
 def _describe_options(o: TrainOptions) -> str:
-    parts = [o.precision, "flash attention" if o.flash_attention else "unfused attention",
-             "sequence parallel" if o.sequence_parallel else "no sequence parallel",
-             f"ZeRO-{o.zero}" if o.zero else "no ZeRO"]
+    parts = [
+        o.precision,
+        "flash attention" if o.flash_attention else "unfused attention",
+        "sequence parallel" if o.sequence_parallel else "no sequence parallel",
+        f"ZeRO-{o.zero}" if o.zero else "no ZeRO",
+    ]
     overlap = [k for k, on in (("TP", o.tp_overlap), ("PP", o.pp_overlap), ("DP", o.dp_overlap)) if on]
     if overlap:
         parts.append("overlap " + "/".join(overlap))
@@ -79,8 +90,10 @@ def _memory_cells(est: StepEstimate) -> tuple[str, str]:
     cap = est.system.gpu.memory_gb
     used = f"{v['memory_gb']:.1f} of {cap:g} GB"
     rest = v["memory_gb"] - v["memory_states_gb"] - v["memory_activations_gb"]
-    detail = (f"weights + grads + optimizer {v['memory_states_gb']:.1f}, activations "
-              f"{v['memory_activations_gb']:.1f}, logits + reserve {rest:.1f}")
+    detail = (
+        f"weights + grads + optimizer {v['memory_states_gb']:.1f}, activations "
+        f"{v['memory_activations_gb']:.1f}, logits + reserve {rest:.1f}"
+    )
     return (used, detail) if est.fits else (f"[bold red]{used}[/]", detail + " [bold red](does not fit)[/]")
 
 
@@ -139,17 +152,18 @@ def print_comparison(out: Console, base: StepEstimate, fast: StepEstimate, as_js
         return
     out.print(_header(base))
     out.print(_compare_table(base, fast))
-    out.print(f"MegaScale's optimisations: [bold]{speedup:.2f}x[/] faster per step "
-              f"({format_step_time(base.step_time_s)} -> {format_step_time(fast.step_time_s)}), "
-              f"MFU {100 * base.values['mfu']:.1f} % -> {100 * fast.values['mfu']:.1f} %")
+    out.print(
+        f"MegaScale's optimisations: [bold]{speedup:.2f}x[/] faster per step "
+        f"({format_step_time(base.step_time_s)} -> {format_step_time(fast.step_time_s)}), "
+        f"MFU {100 * base.values['mfu']:.1f} % -> {100 * fast.values['mfu']:.1f} %"
+    )
     for est in (base, fast):
         if not est.fits:
             out.print(_fit_warning(est))
 
 
 def _compare_table(base: StepEstimate, fast: StepEstimate) -> Table:
-    table = Table(title="same layout without and with MegaScale's optimisations",
-                  header_style="bold")
+    table = Table(title="same layout without and with MegaScale's optimisations", header_style="bold")
     for col in ("", "baseline", "MegaScale", "MegaScale / baseline"):
         table.add_column(col, justify="left" if not col else "right")
     b, f = base.values, fast.values
@@ -157,13 +171,22 @@ def _compare_table(base: StepEstimate, fast: StepEstimate) -> Table:
     def ratio(x: float, y: float) -> str:
         return f"{y / x:.2f}x" if x > 0 else "—"
 
-    table.add_row("step time", format_step_time(b["step_time_s"]), format_step_time(f["step_time_s"]),
-                  ratio(b["step_time_s"], f["step_time_s"]))
+    table.add_row(
+        "step time",
+        format_step_time(b["step_time_s"]),
+        format_step_time(f["step_time_s"]),
+        ratio(b["step_time_s"], f["step_time_s"]),
+    )
     table.add_row("MFU", f"{100 * b['mfu']:.1f} %", f"{100 * f['mfu']:.1f} %", ratio(b["mfu"], f["mfu"]))
-    table.add_row("tokens/s", f"{b['tokens_per_s']:,.0f}", f"{f['tokens_per_s']:,.0f}",
-                  ratio(b["tokens_per_s"], f["tokens_per_s"]))
-    table.add_row("memory per GPU", f"{b['memory_gb']:.1f} GB", f"{f['memory_gb']:.1f} GB",
-                  ratio(b["memory_gb"], f["memory_gb"]))
+    table.add_row(
+        "tokens/s",
+        f"{b['tokens_per_s']:,.0f}",
+        f"{f['tokens_per_s']:,.0f}",
+        ratio(b["tokens_per_s"], f["tokens_per_s"]),
+    )
+    table.add_row(
+        "memory per GPU", f"{b['memory_gb']:.1f} GB", f"{f['memory_gb']:.1f} GB", ratio(b["memory_gb"], f["memory_gb"])
+    )
     table.add_section()
     for key, label in BREAKDOWN_LABELS.items():
         table.add_row(label, format_step_time(b[key]), format_step_time(f[key]), ratio(b[key], f[key]))
@@ -211,42 +234,72 @@ def print_plan(out: Console, plan: PlanOutcome, top: int, as_json: bool = False,
     model, system, gpus, gbs, res = plan.model, plan.system, plan.gpus, plan.gbs, plan.result
     rows = res.table.to_dicts()
     if as_json:
-        print_json({
-            "model": model.name, "gpu": system.gpu.name, "gpus": gpus, "gbs": gbs, "seq": model.seq,
-            "layouts": rows, "searched": res.searched, "invalid": res.invalid, "out_of_memory": res.out_of_memory,
-            "lost_to": res.lost_to, "seconds": res.seconds,
-        })
+        print_json(
+            {
+                "model": model.name,
+                "gpu": system.gpu.name,
+                "gpus": gpus,
+                "gbs": gbs,
+                "seq": model.seq,
+                "layouts": rows,
+                "searched": res.searched,
+                "invalid": res.invalid,
+                "out_of_memory": res.out_of_memory,
+                "lost_to": res.lost_to,
+                "seconds": res.seconds,
+            }
+        )
         return
-    out.print(f"[bold]{model.name}[/] ({param_count(model) / 1e9:,.1f} B parameters, seq {model.seq:,}) on "
-              f"{gpus:,} x {system.gpu.name} ({system.describe()}); global batch {gbs:,} sequences "
-              f"({format_tokens(gbs * model.seq)} tokens); {_describe_options(plan.options)}")
+    out.print(
+        f"[bold]{model.name}[/] ({param_count(model) / 1e9:,.1f} B parameters, seq {model.seq:,}) on "
+        f"{gpus:,} x {system.gpu.name} ({system.describe()}); global batch {gbs:,} sequences "
+        f"({format_tokens(gbs * model.seq)} tokens); {_describe_options(plan.options)}"
+    )
     if rows:
         out.print(_plan_table(rows, system.gpu.memory_gb, top, wide))
     else:
-        out.print("[bold red]no layout fits:[/] add GPUs, allow --recompute full, raise --max-tp, use --zero 3 "
-                  "or a GPU with more memory")
+        out.print(
+            "[bold red]no layout fits:[/] add GPUs, allow --recompute full, raise --max-tp, use --zero 3 "
+            "or a GPU with more memory"
+        )
     feasible = res.searched - res.invalid - res.out_of_memory
-    out.print(f"searched {res.searched:,} layouts in {res.seconds:.2f} s: {res.invalid:,} broke a divisibility "
-              f"rule, {res.out_of_memory:,} did not fit in memory, {feasible:,} fit")
+    out.print(
+        f"searched {res.searched:,} layouts in {res.seconds:.2f} s: {res.invalid:,} broke a divisibility "
+        f"rule, {res.out_of_memory:,} did not fit in memory, {feasible:,} fit"
+    )
     if res.lost_to:
-        out.print("why the others lost (each feasible layout slower than #1, by the component that costs it "
-                  "most against #1): " + ", ".join(f"{k} {v:,}" for k, v in res.lost_to.items()))
+        out.print(
+            "why the others lost (each feasible layout slower than #1, by the component that costs it "
+            "most against #1): " + ", ".join(f"{k} {v:,}" for k, v in res.lost_to.items())
+        )
 
 
 def _plan_table(rows: list[dict[str, Any]], capacity: float, top: int, wide: bool) -> Table:
     from gpufleet.perf.step import BREAKDOWN_KEYS
 
     keys = BREAKDOWN_KEYS if wide else ()
-    table = Table(title=f"fastest {len(rows)} layouts that fit (of top {top} asked; times in s per step)",
-                  header_style="bold", caption=None if wide else "--wide adds the step-time breakdown")
+    table = Table(
+        title=f"fastest {len(rows)} layouts that fit (of top {top} asked; times in s per step)",
+        header_style="bold",
+        caption=None if wide else "--wide adds the step-time breakdown",
+    )
     for col in ("rank", "TP", "PP", "DP", "CP", "mbs", "vp", "recompute", "step s", "MFU %", f"mem GB /{capacity:g}"):
         table.add_column(col, justify="left" if col == "recompute" else "right")
     for key in keys:
         table.add_column(_SHORT[key], justify="right")
     for r in rows:
         table.add_row(
-            str(r["rank"]), str(r["tp"]), str(r["pp"]), str(r["dp"]), str(r["cp"]), str(r["mbs"]), str(r["vp"]),
-            r["recompute"], f"{r['step_time_s']:.3f}", f"{100 * r['mfu']:.1f}", f"{r['memory_gb']:.1f}",
+            str(r["rank"]),
+            str(r["tp"]),
+            str(r["pp"]),
+            str(r["dp"]),
+            str(r["cp"]),
+            str(r["mbs"]),
+            str(r["vp"]),
+            r["recompute"],
+            f"{r['step_time_s']:.3f}",
+            f"{100 * r['mfu']:.1f}",
+            f"{r['memory_gb']:.1f}",
             *[f"{r[k]:.3f}" for k in keys],
         )
     return table
@@ -278,48 +331,76 @@ def _summary_table(summary: Any, title: str) -> Table:
     return table
 
 
-def print_validation(out: Console, err: Console, run: ValidationRun, efficiency: Any = None, csv: Any = None,
-                     as_json: bool = False, wide: bool = False) -> None:
+def print_validation(
+    out: Console,
+    err: Console,
+    run: ValidationRun,
+    efficiency: Any = None,
+    csv: Any = None,
+    as_json: bool = False,
+    wide: bool = False,
+) -> None:
     """``gpufleet perf validate``: every published measurement against its prediction, and the error summary."""
     path, table, summary, skipped = run.path, run.table, run.summary, run.skipped
     if as_json:
-        print_json({
-            "table": str(path),
-            "efficiency": str(efficiency) if efficiency else "shipped",
-            "rows": table.to_dicts(),
-            "summary": summary.to_dicts(),
-            "skipped": [{"row": s.row, "case": s.label, "reason": s.reason} for s in skipped],
-        })
+        print_json(
+            {
+                "table": str(path),
+                "efficiency": str(efficiency) if efficiency else "shipped",
+                "rows": table.to_dicts(),
+                "summary": summary.to_dicts(),
+                "skipped": [{"row": s.row, "case": s.label, "reason": s.reason} for s in skipped],
+            }
+        )
         return
     rows = Table(title=f"predicted vs published: {path.name}", header_style="bold")
     cols = ("row", "case", "group", "split", "layout (as predicted)", "measured", "predicted", "error", "fits")
     shown = cols if wide else VALIDATE_COLUMNS
     for col in shown:
-        rows.add_column(col, justify="right" if col in ("row", "measured", "predicted", "error") else "left",
-                        no_wrap=col not in ("case", "group"))
+        rows.add_column(
+            col,
+            justify="right" if col in ("row", "measured", "predicted", "error") else "left",
+            no_wrap=col not in ("case", "group"),
+        )
     if not wide:
         rows.caption = f"--wide shows every column ({len(cols) - len(shown)} more)"
     for r in table.iter_rows(named=True):
         err_pct = r["error_pct"]
         style = "red" if err_pct > 15 else "yellow" if err_pct > 10 else ""
-        cells = dict(zip(cols, (
-            str(r["row"]), r["case"], r["group"], r["split"], r["layout"], _fmt_metric(r["metric"], r["measured"]),
-            _fmt_metric(r["metric"], r["predicted"]), f"[{style}]{err_pct:.1f} %[/]" if style else f"{err_pct:.1f} %",
-            "yes" if r["fits"] else "[yellow]no[/]",
-        ), strict=True))
+        cells = dict(
+            zip(
+                cols,
+                (
+                    str(r["row"]),
+                    r["case"],
+                    r["group"],
+                    r["split"],
+                    r["layout"],
+                    _fmt_metric(r["metric"], r["measured"]),
+                    _fmt_metric(r["metric"], r["predicted"]),
+                    f"[{style}]{err_pct:.1f} %[/]" if style else f"{err_pct:.1f} %",
+                    "yes" if r["fits"] else "[yellow]no[/]",
+                ),
+                strict=True,
+            )
+        )
         rows.add_row(*[cells[c] for c in shown])
     out.print(rows)
     out.print(_summary_table(summary, "absolute percentage error"))
     if not table["fits"].all():
-        out.print("[yellow]note:[/] rows with fits = no are predicted for a layout the model thinks does not "
-                  "fit in GPU memory (the memory model overestimates those runs)")
+        out.print(
+            "[yellow]note:[/] rows with fits = no are predicted for a layout the model thinks does not "
+            "fit in GPU memory (the memory model overestimates those runs)"
+        )
     if skipped:
         out.print(f"skipped {len(skipped)} rows the model does not predict:")
         for s in skipped:
             out.print(f"  row {s.row}: {s.label} — {s.reason}", highlight=False)
-    err.print(f"{table.height} rows predicted from {path}"
-              + (f" with the constants of {efficiency}" if efficiency else "")
-              + (f"; per-row results written to {csv}" if csv is not None else ""))
+    err.print(
+        f"{table.height} rows predicted from {path}"
+        + (f" with the constants of {efficiency}" if efficiency else "")
+        + (f"; per-row results written to {csv}" if csv is not None else "")
+    )
 
 
 # ---------------------------------------------------------------------------------------------- calibrate
@@ -331,8 +412,13 @@ def print_calibration(out: Console, run: CalibrationRun) -> None:
         consts.add_column(col, justify="right" if col in ("before", "after", "bounds") else "left")
     for section, key, lo, hi, x0, x1 in run.fitted:
         span = hi - lo
-        note = ("[yellow]at lower bound[/]" if x1 - lo <= 1e-3 * span
-                else "[yellow]at upper bound[/]" if hi - x1 <= 1e-3 * span else "")
+        note = (
+            "[yellow]at lower bound[/]"
+            if x1 - lo <= 1e-3 * span
+            else "[yellow]at upper bound[/]"
+            if hi - x1 <= 1e-3 * span
+            else ""
+        )
         consts.add_row(section, key, f"{x0:.4g}", f"{x1:.4g}", f"{lo:g} .. {hi:g}", note)
     out.print(consts)
     errors = Table(title="absolute percentage error, before and after the fit", header_style="bold")
@@ -343,15 +429,26 @@ def print_calibration(out: Console, run: CalibrationRun) -> None:
         if r["subset"] not in ("all rows", "calibration", "held-out"):
             continue
         b = b_rows.get(r["subset"], {})
-        errors.add_row(r["subset"], str(r["rows"]), f"{b.get('mean_pct', math.nan):.1f} %", f"{r['mean_pct']:.1f} %",
-                       f"{b.get('max_pct', math.nan):.1f} %", f"{r['max_pct']:.1f} %")
+        errors.add_row(
+            r["subset"],
+            str(r["rows"]),
+            f"{b.get('mean_pct', math.nan):.1f} %",
+            f"{r['mean_pct']:.1f} %",
+            f"{b.get('max_pct', math.nan):.1f} %",
+            f"{r['max_pct']:.1f} %",
+        )
     out.print(errors)
     fit = run.fit
-    out.print(f"fit on {fit['rows']:.0f} calibration rows: mean {fit['mean_pct']:.2f} %, max {fit['max_pct']:.2f} %; "
-              "held-out rows never enter the fit")
+    out.print(
+        f"fit on {fit['rows']:.0f} calibration rows: mean {fit['mean_pct']:.2f} %, max {fit['max_pct']:.2f} %; "
+        "held-out rows never enter the fit"
+    )
     out.print(f"wrote [bold]{target}[/] (template: {template})")
-    out.print(f"use it with: gpufleet perf validate --efficiency {target}   or   "
-              f"gpufleet perf step ... --efficiency {target}", highlight=False)
+    out.print(
+        f"use it with: gpufleet perf validate --efficiency {target}   or   "
+        f"gpufleet perf step ... --efficiency {target}",
+        highlight=False,
+    )
 
 
 # ---------------------------------------------------------------------------------------------- models
@@ -363,13 +460,31 @@ def print_models(out: Console, rows: list[dict[str, Any]], as_json: bool = False
         return
     cols = ("name", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq", "params (B)", "aliases")
     shown = cols if wide else tuple(c for c in cols if c not in ("vocab", "aliases"))
-    table = Table(title=f"{len(rows)} models (use with --model NAME; override any field with its flag)",
-                  header_style="bold", caption=None if wide else "--wide adds vocab and aliases")
+    table = Table(
+        title=f"{len(rows)} models (use with --model NAME; override any field with its flag)",
+        header_style="bold",
+        caption=None if wide else "--wide adds vocab and aliases",
+    )
     for col in shown:
         table.add_column(col, justify="left" if col in ("name", "aliases") else "right", no_wrap=col != "aliases")
     for r in rows:
-        cells = dict(zip(cols, (r["name"], str(r["layers"]), f"{r['hidden']:,}", str(r["heads"]), str(r["kv_heads"]),
-                                f"{r['ffn']:,}" + (" (GLU)" if r["glu"] else ""), f"{r['vocab']:,}", f"{r['seq']:,}",
-                                f"{r['params_b']:,.1f}", ", ".join(r["aliases"])), strict=True))
+        cells = dict(
+            zip(
+                cols,
+                (
+                    r["name"],
+                    str(r["layers"]),
+                    f"{r['hidden']:,}",
+                    str(r["heads"]),
+                    str(r["kv_heads"]),
+                    f"{r['ffn']:,}" + (" (GLU)" if r["glu"] else ""),
+                    f"{r['vocab']:,}",
+                    f"{r['seq']:,}",
+                    f"{r['params_b']:,.1f}",
+                    ", ".join(r["aliases"]),
+                ),
+                strict=True,
+            )
+        )
         table.add_row(*[cells[c] for c in shown])
     out.print(table)

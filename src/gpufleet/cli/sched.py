@@ -33,26 +33,46 @@ DEFAULT_CLUSTER = "deepshare-testbed"
 
 @sched_app.command("train-rl")
 def train_rl_cmd(
-    output: Annotated[Path, typer.Option("-o", "--output", help="where to save the model (.zip)")] = Path(
-        "model.zip"),
-    trace: Annotated[str | None, typer.Option(help="train on windows of this job trace (CSV / Parquet) instead of "
-                                                   "generated DeepShare-style mixes")] = None,
-    columns: Annotated[str | None, typer.Option(help="column mapping of --trace, e.g. "
-                                                     "`submit=ts,duration=dur,gpus=n,model=model_name`")] = None,
-    comm_mix: Annotated[str | None, typer.Option(help="profiles for --trace jobs without a known model, e.g. "
-                                                      "'FSDP=0.5,MoE=0.5'")] = None,
+    output: Annotated[Path, typer.Option("-o", "--output", help="where to save the model (.zip)")] = Path("model.zip"),
+    trace: Annotated[
+        str | None,
+        typer.Option(
+            help="train on windows of this job trace (CSV / Parquet) instead of generated DeepShare-style mixes"
+        ),
+    ] = None,
+    columns: Annotated[
+        str | None,
+        typer.Option(help="column mapping of --trace, e.g. `submit=ts,duration=dur,gpus=n,model=model_name`"),
+    ] = None,
+    comm_mix: Annotated[
+        str | None, typer.Option(help="profiles for --trace jobs without a known model, e.g. 'FSDP=0.5,MoE=0.5'")
+    ] = None,
     cluster: Annotated[str, typer.Option(help="cluster TOML or bundled name")] = DEFAULT_CLUSTER,
-    sizes: Annotated[str, typer.Option(help="train on the cluster scaled by these factors, one drawn per episode "
-                                            "(e.g. '1,4': the 4-node testbed and a 16-node one), so that the "
-                                            "policy sees more than one cluster size")] = "1,4",
+    sizes: Annotated[
+        str,
+        typer.Option(
+            help="train on the cluster scaled by these factors, one drawn per episode "
+            "(e.g. '1,4': the 4-node testbed and a 16-node one), so that the "
+            "policy sees more than one cluster size"
+        ),
+    ] = "1,4",
     steps: Annotated[int, typer.Option(help="placement decisions to train for (PPO environment steps)")] = 200_000,
     jobs: Annotated[int, typer.Option(help="jobs per training episode")] = 128,
     seed: Annotated[int, typer.Option(help="seed of PPO and of the episode sampler (training is deterministic)")] = 0,
-    reward: Annotated[str, typer.Option(help="'jct' (minus job-time in system: true JCT), 'jct-tail' (plus "
-                                             "the p99 at the end) or 'paper' (-w1 contention slowdown + w2 "
-                                             "utilisation)")] = "jct",
-    order: Annotated[str, typer.Option(help="the order in which the simulator offers waiting jobs: srtf, srsf "
-                                            "(GPUs x remaining time), las or fifo")] = "srtf",
+    reward: Annotated[
+        str,
+        typer.Option(
+            help="'jct' (minus job-time in system: true JCT), 'jct-tail' (plus "
+            "the p99 at the end) or 'paper' (-w1 contention slowdown + w2 "
+            "utilisation)"
+        ),
+    ] = "jct",
+    order: Annotated[
+        str,
+        typer.Option(
+            help="the order in which the simulator offers waiting jobs: srtf, srsf (GPUs x remaining time), las or fifo"
+        ),
+    ] = "srtf",
     checkpoint_every: Annotated[int, typer.Option(help="save a checkpoint every this many steps")] = 10_000,
     resume: Annotated[bool, typer.Option(help="continue from the newest checkpoint in <output>.ckpt/")] = True,
     as_json: Annotated[bool, typer.Option("--json", help="print the training summary as JSON")] = False,
@@ -82,13 +102,25 @@ def train_rl_cmd(
         sampler: Any = TraceSampler(frame, jobs)
     else:
         sampler = MixSampler(jobs=jobs, gpus_per_node=gpn)
-    summary = train_rl(specs, output, steps=steps, seed=seed, sampler=sampler, reward=reward, order=order,
-                       checkpoint_every=checkpoint_every, resume=resume, progress=not as_json and err.is_terminal)
+    summary = train_rl(
+        specs,
+        output,
+        steps=steps,
+        seed=seed,
+        sampler=sampler,
+        reward=reward,
+        order=order,
+        checkpoint_every=checkpoint_every,
+        resume=resume,
+        progress=not as_json and err.is_terminal,
+    )
     if as_json:
         print(json.dumps(summary, indent=2))
     else:
-        err.print(f"trained {summary['steps']:,} steps ({summary['episodes']} episodes) in "
-                  f"{summary['train_s']:.0f} s; model written to {summary['model']}")
+        err.print(
+            f"trained {summary['steps']:,} steps ({summary['episodes']} episodes) in "
+            f"{summary['train_s']:.0f} s; model written to {summary['model']}"
+        )
 
 
 @sched_app.command("eval-rl")
@@ -116,14 +148,35 @@ def eval_rl_cmd(
     nodes = sum(p.nodes for p in pools)
     n_jobs = jobs if jobs is not None else 256 * max(1, nodes // 4)
     opts = {"rl": {"model": str(model)}} if model is not None else {}
-    frame = eval_policies(spec, names, mix=mix, seeds=range(seeds), jobs=n_jobs, arrival=arrival, policy_opts=opts,
-                          gpus_per_node=pools[0].gpus_per_node)
+    frame = eval_policies(
+        spec,
+        names,
+        mix=mix,
+        seeds=range(seeds),
+        jobs=n_jobs,
+        arrival=arrival,
+        policy_opts=opts,
+        gpus_per_node=pools[0].gpus_per_node,
+    )
     means = summarize_eval(frame)
     baseline = best_baseline(means)
     if as_json:
         rows = [clean_json(r) for r in means.iter_rows(named=True)]
-        print(json.dumps({"mix": mix, "cluster": spec.name, "jobs": n_jobs, "seeds": seeds, "arrival": arrival,
-                          "best_baseline": baseline, "policies": rows, "runs": frame.to_dicts()}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "mix": mix,
+                    "cluster": spec.name,
+                    "jobs": n_jobs,
+                    "seeds": seeds,
+                    "arrival": arrival,
+                    "best_baseline": baseline,
+                    "policies": rows,
+                    "runs": frame.to_dicts(),
+                },
+                indent=2,
+            )
+        )
         return
     out.print(eval_table(means, f"{mix} mix, {n_jobs} jobs x {seeds} seeds on {spec.name}", baseline, wide=wide))
 
@@ -131,11 +184,21 @@ def eval_rl_cmd(
 def eval_table(means: Any, title: str, baseline: str | None, wide: bool = True) -> Table:
     """Rich table of per-policy means, with the change against the best of las / srtf / tiresias;
     ``wide=False`` leaves out makespan and multi-node share so that it fits 100 columns."""
-    cols = ["policy", "avg JCT h", "p99 JCT h", "makespan h", "GPU util", "contention GPU-h", "multi-node",
-            f"avg vs {baseline or '-'}", f"p99 vs {baseline or '-'}"]
+    cols = [
+        "policy",
+        "avg JCT h",
+        "p99 JCT h",
+        "makespan h",
+        "GPU util",
+        "contention GPU-h",
+        "multi-node",
+        f"avg vs {baseline or '-'}",
+        f"p99 vs {baseline or '-'}",
+    ]
     hidden = () if wide else ("makespan h", "multi-node")
-    table = Table(title=title, header_style="bold",
-                  caption=f"--wide shows every column ({len(hidden)} more)" if hidden else None)
+    table = Table(
+        title=title, header_style="bold", caption=f"--wide shows every column ({len(hidden)} more)" if hidden else None
+    )
     keep = [i for i, col in enumerate(cols) if col not in hidden]
     for i in keep:
         table.add_column(cols[i], justify="left" if cols[i] == "policy" else "right", no_wrap=cols[i] != "policy")
@@ -143,8 +206,16 @@ def eval_table(means: Any, title: str, baseline: str | None, wide: bool = True) 
     for r in means.iter_rows(named=True):
         d_avg = f"{100 * (r['avg_jct_s'] / ref['avg_jct_s'] - 1):+.1f} %" if ref else "-"
         d_p99 = f"{100 * (r['p99_jct_s'] / ref['p99_jct_s'] - 1):+.1f} %" if ref else "-"
-        cells = [r["policy"], f"{r['avg_jct_s'] / 3600:.2f}", f"{r['p99_jct_s'] / 3600:.2f}",
-                 f"{r['makespan_s'] / 3600:.2f}", f"{100 * r['gpu_util']:.1f} %", f"{r['contention_gpu_h']:.1f}",
-                 f"{100 * r['multi_node_share']:.0f} %", d_avg, d_p99]
+        cells = [
+            r["policy"],
+            f"{r['avg_jct_s'] / 3600:.2f}",
+            f"{r['p99_jct_s'] / 3600:.2f}",
+            f"{r['makespan_s'] / 3600:.2f}",
+            f"{100 * r['gpu_util']:.1f} %",
+            f"{r['contention_gpu_h']:.1f}",
+            f"{100 * r['multi_node_share']:.0f} %",
+            d_avg,
+            d_p99,
+        ]
         table.add_row(*[cells[i] for i in keep])
     return table

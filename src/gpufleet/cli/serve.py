@@ -41,11 +41,18 @@ def _need_serve_extra() -> None:
 @serve_app.callback()
 def serve(
     ctx: typer.Context,
-    base: Annotated[str | None, typer.Option(help="Hugging Face model folder (config.json + safetensors), or a "
-                                                   "random shape: tiny-llama-random, small-llama-random, "
-                                                   "wide-llama-random")] = None,
-    adapters: Annotated[Path | None, typer.Option(help="folder of PEFT adapter folders; each folder's name is the "
-                                                       "model name clients ask for")] = None,
+    base: Annotated[
+        str | None,
+        typer.Option(
+            help="Hugging Face model folder (config.json + safetensors), or a "
+            "random shape: tiny-llama-random, small-llama-random, "
+            "wide-llama-random"
+        ),
+    ] = None,
+    adapters: Annotated[
+        Path | None,
+        typer.Option(help="folder of PEFT adapter folders; each folder's name is the model name clients ask for"),
+    ] = None,
     host: Annotated[str, typer.Option()] = "127.0.0.1",
     port: Annotated[int, typer.Option()] = 8000,
     instances: Annotated[int, typer.Option(help="engine processes behind Punica's placement front end")] = 1,
@@ -68,18 +75,40 @@ def serve(
     if instances > 1:
         from gpufleet.serve.cluster import launch_cluster
 
-        launch_cluster(base=base, adapters=adapters, instances=instances, port=port, host=host,
-                       max_batch=max_batch, kv_blocks=kv_blocks, block_size=block_size, adapter_slots=adapter_slots,
-                       max_waiting=max_waiting, dtype=dtype, device=device, lora_backend=lora_backend)
+        launch_cluster(
+            base=base,
+            adapters=adapters,
+            instances=instances,
+            port=port,
+            host=host,
+            max_batch=max_batch,
+            kv_blocks=kv_blocks,
+            block_size=block_size,
+            adapter_slots=adapter_slots,
+            max_waiting=max_waiting,
+            dtype=dtype,
+            device=device,
+            lora_backend=lora_backend,
+        )
         return
     from gpufleet.serve.async_backend import AsyncEngine
     from gpufleet.serve.cluster import WorkerOptions, build_engine
     from gpufleet.serve.server import run_server
 
-    engine = build_engine(WorkerOptions(base=base, adapters=None if adapters is None else str(adapters),
-                                        max_batch=max_batch, kv_blocks=kv_blocks, block_size=block_size,
-                                        adapter_slots=adapter_slots, max_waiting=max_waiting, dtype=dtype,
-                                        device=device, lora_backend=lora_backend))
+    engine = build_engine(
+        WorkerOptions(
+            base=base,
+            adapters=None if adapters is None else str(adapters),
+            max_batch=max_batch,
+            kv_blocks=kv_blocks,
+            block_size=block_size,
+            adapter_slots=adapter_slots,
+            max_waiting=max_waiting,
+            dtype=dtype,
+            device=device,
+            lora_backend=lora_backend,
+        )
+    )
     err.print(f"serving {engine.name} with {len(engine.store.names())} adapter(s) on http://{host}:{port}/v1")
     run_server(AsyncEngine(engine), host, port, model_name=engine.name)
 
@@ -88,9 +117,13 @@ def serve(
 def bench(
     base: Annotated[str, typer.Option(help="model folder or random shape")] = "small-llama-random",
     popularity: Annotated[str, typer.Option(help="distinct, uniform, skewed, identical, or a comma list")] = "distinct",
-    requests: Annotated[int, typer.Option(
-        help="requests, all submitted at once and served with at most 32 in a batch; several batches' worth keep "
-             "the batch full, one batch measures mostly its longest request")] = 512,
+    requests: Annotated[
+        int,
+        typer.Option(
+            help="requests, all submitted at once and served with at most 32 in a batch; several batches' worth keep "
+            "the batch full, one batch measures mostly its longest request"
+        ),
+    ] = 512,
     rank: Annotated[int, typer.Option(help="LoRA rank of the random adapters")] = 16,
     systems: Annotated[str, typer.Option(help="gpufleet, per_adapter, base_only")] = "gpufleet,per_adapter,base_only",
     dtype: Annotated[str, typer.Option()] = "float32",
@@ -112,10 +145,17 @@ def bench(
     unknown = [p for p in pops if p not in POPULARITIES]
     if unknown:
         raise ServeError(f"--popularity {', '.join(unknown)}: choose from {', '.join(POPULARITIES)}")
-    config = ServeBenchConfig(base=base, rank=rank, popularities=pops,
-                              systems=tuple(s.strip() for s in systems.split(",") if s.strip()),
-                              workload=WorkloadConfig(requests=requests, seed=seed), dtype=dtype, device=device,
-                              lora_backend=lora_backend, repeat=repeat)
+    config = ServeBenchConfig(
+        base=base,
+        rank=rank,
+        popularities=pops,
+        systems=tuple(s.strip() for s in systems.split(",") if s.strip()),
+        workload=WorkloadConfig(requests=requests, seed=seed),
+        dtype=dtype,
+        device=device,
+        lora_backend=lora_backend,
+        repeat=repeat,
+    )
     results = run_serve_bench(config, log=lambda msg: err.print(f"[dim]{msg}[/]"))
     if as_json:
         print(json.dumps(results[0] if len(results) == 1 else results, indent=1))

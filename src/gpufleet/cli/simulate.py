@@ -28,52 +28,90 @@ WIDE_NOTE = "--wide shows every column"
 
 def simulate(
     trace: Annotated[str, typer.Option(help="'philly' (bundled) or a CSV / Parquet file of jobs.")] = "philly",
-    columns: Annotated[str | None, typer.Option(
-        help="Column mapping for a CSV: canonical=source pairs, e.g. "
-        "'submit=submission_time,duration=duration,gpus=num_gpu'.")] = None,
+    columns: Annotated[
+        str | None,
+        typer.Option(
+            help="Column mapping for a CSV: canonical=source pairs, e.g. "
+            "'submit=submission_time,duration=duration,gpus=num_gpu'."
+        ),
+    ] = None,
     reader: Annotated[str | None, typer.Option(help="Force a trace reader: philly, csv or parquet.")] = None,
     vc: Annotated[str | None, typer.Option(help="Only the jobs of this virtual cluster.")] = None,
-    cluster: Annotated[Path | None, typer.Option(
-        help="Cluster TOML file or a bundled cluster's name (default, deepshare-testbed, deepshare-64, "
-        "h100-superpod, hetero-holmes; default: the bundled default).")] = None,
+    cluster: Annotated[
+        Path | None,
+        typer.Option(
+            help="Cluster TOML file or a bundled cluster's name (default, deepshare-testbed, deepshare-64, "
+            "h100-superpod, hetero-holmes; default: the bundled default)."
+        ),
+    ] = None,
     gpus: Annotated[int | None, typer.Option(help="Resize the training pools to at least this many GPUs.")] = None,
-    policy: Annotated[str, typer.Option(
-        help="Comma-separated policies: fifo, sjf, srtf, las, tiresias, and Aryl's aryl, aryl-loan, aryl-elastic, "
-        "aryl-base (see `gpufleet policies`).")] = ",".join(("fifo", "sjf", "srtf", "las", "tiresias")),
-    opt: Annotated[list[str] | None, typer.Option(
-        help="Policy option POLICY.KEY=VALUE, repeatable, e.g. tiresias.thresholds=3600,36000; a bare KEY=VALUE "
-        "(e.g. reclaim=random) applies to every chosen policy that has that option.")] = None,
-    inference: Annotated[str | None, typer.Option(
-        help="Inference load on the cluster's inference pool: 'genai' (the bundled Alibaba GenAI trace, the "
-        "default when the cluster has an inference pool), 'diurnal', 'none', a CSV time,servers_needed, or "
-        "'punica[:genai|diurnal]' / 'punica-per-adapter[:...]': LoRA traffic of that shape served by batched "
-        "multi-adapter serving or one adapter at a time (gpufleet serve's capacity model). "
-        "Aryl loans the idle servers to training.")] = None,
-    elastic_share: Annotated[float, typer.Option(
-        help="Share of jobs made elastic (Aryl policies) when the trace has no min_workers/max_workers "
-        "columns. No published mix states it; 0.5 is the middle of the 0-100 % sweep.")] = 0.5,
-    scale_pause: Annotated[float, typer.Option(
-        help="Seconds an elastic job pauses on each scale-out / scale-in (published restarts: 18-103 s).")] = 40.0,
-    reclaim_notice: Annotated[float, typer.Option(
-        help="Seconds of notice before a reclaimed server goes back to inference (0: at once).")] = 0.0,
-    loan_speed: Annotated[float | None, typer.Option(
-        help="Speed of a worker on a loaned inference GPU relative to a training GPU (default: from the GPU "
-        "catalog, e.g. 0.43 for T4 vs V100).")] = None,
-    interval: Annotated[float, typer.Option(
-        help="Seconds between Aryl's knapsack rounds that resize elastic jobs.")] = 300.0,
+    policy: Annotated[
+        str,
+        typer.Option(
+            help="Comma-separated policies: fifo, sjf, srtf, las, tiresias, and Aryl's aryl, aryl-loan, aryl-elastic, "
+            "aryl-base (see `gpufleet policies`)."
+        ),
+    ] = ",".join(("fifo", "sjf", "srtf", "las", "tiresias")),
+    opt: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Policy option POLICY.KEY=VALUE, repeatable, e.g. tiresias.thresholds=3600,36000; a bare KEY=VALUE "
+            "(e.g. reclaim=random) applies to every chosen policy that has that option."
+        ),
+    ] = None,
+    inference: Annotated[
+        str | None,
+        typer.Option(
+            help="Inference load on the cluster's inference pool: 'genai' (the bundled Alibaba GenAI trace, the "
+            "default when the cluster has an inference pool), 'diurnal', 'none', a CSV time,servers_needed, or "
+            "'punica[:genai|diurnal]' / 'punica-per-adapter[:...]': LoRA traffic of that shape served by batched "
+            "multi-adapter serving or one adapter at a time (gpufleet serve's capacity model). "
+            "Aryl loans the idle servers to training."
+        ),
+    ] = None,
+    elastic_share: Annotated[
+        float,
+        typer.Option(
+            help="Share of jobs made elastic (Aryl policies) when the trace has no min_workers/max_workers "
+            "columns. No published mix states it; 0.5 is the middle of the 0-100 % sweep."
+        ),
+    ] = 0.5,
+    scale_pause: Annotated[
+        float,
+        typer.Option(help="Seconds an elastic job pauses on each scale-out / scale-in (published restarts: 18-103 s)."),
+    ] = 40.0,
+    reclaim_notice: Annotated[
+        float, typer.Option(help="Seconds of notice before a reclaimed server goes back to inference (0: at once).")
+    ] = 0.0,
+    loan_speed: Annotated[
+        float | None,
+        typer.Option(
+            help="Speed of a worker on a loaned inference GPU relative to a training GPU (default: from the GPU "
+            "catalog, e.g. 0.43 for T4 vs V100)."
+        ),
+    ] = None,
+    interval: Annotated[
+        float, typer.Option(help="Seconds between Aryl's knapsack rounds that resize elastic jobs.")
+    ] = 300.0,
     placement: Annotated[str, typer.Option(help="consolidate (fewest nodes, best fit) or spread.")] = "consolidate",
-    strict_placement: Annotated[bool, typer.Option(
-        help="Start multi-GPU jobs only on the fewest possible nodes (they wait otherwise).")] = False,
-    placement_penalty: Annotated[float, typer.Option(
-        help="Throughput lost by a job spread over more nodes than it needs (0.2 = 20 % slower).")] = 0.2,
-    checkpoint_interval: Annotated[float | None, typer.Option(
-        help="Seconds of progress between checkpoints; preemption and failures lose the work since the last. "
-        "Default 0 (jobs checkpoint when preempted and lose nothing), or 3600 with --failures.")
+    strict_placement: Annotated[
+        bool, typer.Option(help="Start multi-GPU jobs only on the fewest possible nodes (they wait otherwise).")
+    ] = False,
+    placement_penalty: Annotated[
+        float, typer.Option(help="Throughput lost by a job spread over more nodes than it needs (0.2 = 20 % slower).")
+    ] = 0.2,
+    checkpoint_interval: Annotated[
+        float | None,
+        typer.Option(
+            help="Seconds of progress between checkpoints; preemption and failures lose the work since the last. "
+            "Default 0 (jobs checkpoint when preempted and lose nothing), or 3600 with --failures."
+        ),
     ] = None,
     restart_cost: Annotated[float, typer.Option(help="Seconds a preempted job spends restoring on restart.")] = 60.0,
     report: Annotated[Path | None, typer.Option(help="Write a self-contained HTML report here.")] = None,
-    jobs_out: Annotated[Path | None, typer.Option(
-        help="Write every job's outcome (all policies) to this Parquet file.")] = None,
+    jobs_out: Annotated[
+        Path | None, typer.Option(help="Write every job's outcome (all policies) to this Parquet file.")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON (one object per policy).")] = False,
     breakdown: Annotated[str | None, typer.Option(help="Also print a per-'vc' or per-'size' breakdown.")] = None,
     workers: Annotated[int, typer.Option(help="Run policies in parallel over this many processes.")] = 1,
@@ -81,26 +119,46 @@ def simulate(
     ray_address: Annotated[str | None, typer.Option(help="Run the sweep on this Ray cluster address.")] = None,
     debug: Annotated[bool, typer.Option(help="Check cluster invariants after every event (slow).")] = False,
     progress: Annotated[bool, typer.Option(help="Show a progress bar over simulated time.")] = True,
-    network: Annotated[bool, typer.Option(
-        "--network", help="Model network contention: multi-node jobs share NIC and rack-uplink bandwidth, and "
-        "their speed follows the traffic beside them (model fitted to DeepShare's measurements; see "
-        "docs/contention.md). Jobs take their communication pattern from a 'model' column (`--columns "
-        "model=...`) or, without one, from --comm-mix. Adds the policies contention, random, rl, las-spread, "
-        "srtf-spread; `rl:PATH` uses a model trained with `gpufleet sched train-rl`.")] = False,
-    comm_mix: Annotated[str | None, typer.Option(
-        help="With --network: communication profiles for jobs whose model is unknown, e.g. "
-        "'FSDP=0.5,MoE=0.5' (profiles: MobileNetV3, GraphSage, FSDP, Transformer-XL, DLRM, MoE; default: "
-        "equal shares).")] = None,
-    failures: Annotated[Path | None, typer.Option(
-        help="Fleet telemetry Parquet: inject its GPU failures into the running jobs (fleet node n -> training "
-        "node n mod N; fleet time 0 = the trace's first submission). See docs/sim_failures.md.")] = None,
-    predictor: Annotated[Path | None, typer.Option(
-        help="Failure model (with --failures): also run each policy draining the nodes it flags, and compare.")
+    network: Annotated[
+        bool,
+        typer.Option(
+            "--network",
+            help="Model network contention: multi-node jobs share NIC and rack-uplink bandwidth, and "
+            "their speed follows the traffic beside them (model fitted to DeepShare's measurements; see "
+            "docs/contention.md). Jobs take their communication pattern from a 'model' column (`--columns "
+            "model=...`) or, without one, from --comm-mix. Adds the policies contention, random, rl, las-spread, "
+            "srtf-spread; `rl:PATH` uses a model trained with `gpufleet sched train-rl`.",
+        ),
+    ] = False,
+    comm_mix: Annotated[
+        str | None,
+        typer.Option(
+            help="With --network: communication profiles for jobs whose model is unknown, e.g. "
+            "'FSDP=0.5,MoE=0.5' (profiles: MobileNetV3, GraphSage, FSDP, Transformer-XL, DLRM, MoE; default: "
+            "equal shares)."
+        ),
+    ] = None,
+    failures: Annotated[
+        Path | None,
+        typer.Option(
+            help="Fleet telemetry Parquet: inject its GPU failures into the running jobs (fleet node n -> training "
+            "node n mod N; fleet time 0 = the trace's first submission). See docs/sim_failures.md."
+        ),
+    ] = None,
+    predictor: Annotated[
+        Path | None,
+        typer.Option(
+            help="Failure model (with --failures): also run each policy draining the nodes it flags, and compare."
+        ),
     ] = None,
     repair_hours: Annotated[float, typer.Option(help="Hours a failed node is out for repair.")] = 24.0,
-    drain_hours: Annotated[float | None, typer.Option(
-        help="Hours a drained (flagged) node is out for inspection (default: the predictor's horizon, so that a "
-        "right alert's failure falls inside the drain).")] = None,
+    drain_hours: Annotated[
+        float | None,
+        typer.Option(
+            help="Hours a drained (flagged) node is out for inspection (default: the predictor's horizon, so that a "
+            "right alert's failure falls inside the drain)."
+        ),
+    ] = None,
     wide: WideOpt = False,
 ) -> None:
     """Replay a job trace on a cluster under scheduling policies and compare queueing, JCT and utilisation.
@@ -136,11 +194,18 @@ def simulate(
 
         load.jobs = with_comm_profiles(load.jobs, comm_mix)
     elif any(p in NETWORK_POLICIES for p in policies):
-        raise typer.BadParameter(f"policies {', '.join(sorted(NETWORK_POLICIES & set(policies)))} place jobs "
-                                 "by network contention: add --network")
+        raise typer.BadParameter(
+            f"policies {', '.join(sorted(NETWORK_POLICIES & set(policies)))} place jobs "
+            "by network contention: add --network"
+        )
     inference_load = inference_for(spec, inference, load.jobs)
-    elastic_cfg = ElasticConfig(elastic_share=elastic_share, scale_pause_s=scale_pause,
-                                reclaim_notice_s=reclaim_notice, loan_speed=loan_speed, interval_s=interval)
+    elastic_cfg = ElasticConfig(
+        elastic_share=elastic_share,
+        scale_pause_s=scale_pause,
+        reclaim_notice_s=reclaim_notice,
+        loan_speed=loan_speed,
+        interval_s=interval,
+    )
     show_progress = progress and not as_json and err.is_terminal and workers <= 1 and not (ray or ray_address)
     if predictor is not None and failures is None:
         raise typer.BadParameter("--predictor needs --failures (the fleet telemetry it predicts on)")
@@ -152,12 +217,21 @@ def simulate(
         from gpufleet.sim.failure_run import DEFAULT_FAILURE_CHECKPOINT_S
 
         checkpoint_interval = DEFAULT_FAILURE_CHECKPOINT_S if failures is not None else 0.0
-    config = SimConfig(placement=placement, strict_placement=strict_placement, placement_penalty=placement_penalty,
-                       checkpoint_interval_s=checkpoint_interval, restart_s=restart_cost, debug=debug,
-                       progress=show_progress, network=network)
+    config = SimConfig(
+        placement=placement,
+        strict_placement=strict_placement,
+        placement_penalty=placement_penalty,
+        checkpoint_interval_s=checkpoint_interval,
+        restart_s=restart_cost,
+        debug=debug,
+        progress=show_progress,
+        network=network,
+    )
     if not as_json:
-        err.print(f"[bold]{load.jobs.height:,}[/] jobs from {load.source} on cluster "
-                  f"'{spec.name}' ({spec.total_gpus():,} training GPUs); policies: {', '.join(policies)}")
+        err.print(
+            f"[bold]{load.jobs.height:,}[/] jobs from {load.source} on cluster "
+            f"'{spec.name}' ({spec.total_gpus():,} training GPUs); policies: {', '.join(policies)}"
+        )
 
     def done(r: Any) -> None:
         if not as_json:
@@ -168,16 +242,36 @@ def simulate(
     if failures is not None:
         from gpufleet.sim.fleet_failures import run_with_failures
 
-        results = run_with_failures(load.jobs, spec, policies, config, opts, failures, predictor, repair_hours,
-                                    drain_hours, workers=workers, on_done=done,
-                                    log=None if as_json else err.print)
+        results = run_with_failures(
+            load.jobs,
+            spec,
+            policies,
+            config,
+            opts,
+            failures,
+            predictor,
+            repair_hours,
+            drain_hours,
+            workers=workers,
+            on_done=done,
+            log=None if as_json else err.print,
+        )
     else:
-        results = run_policies(load.jobs, spec, policies, config, opts, workers=workers, ray_address=address,
-                               on_done=done, inference=inference_load, elastic=elastic_cfg)
+        results = run_policies(
+            load.jobs,
+            spec,
+            policies,
+            config,
+            opts,
+            workers=workers,
+            ray_address=address,
+            on_done=done,
+            inference=inference_load,
+            elastic=elastic_cfg,
+        )
     unsched = results[0].meta.get("unschedulable", {}) if results else {}
     if unsched and not as_json:
-        err.print("[yellow]warning:[/] jobs never scheduled: "
-                  + "; ".join(f"{v:,} {k}" for k, v in unsched.items()))
+        err.print("[yellow]warning:[/] jobs never scheduled: " + "; ".join(f"{v:,} {k}" for k, v in unsched.items()))
     if as_json:
         print(json.dumps([clean_json(r.summary) for r in results], indent=2))
     else:
@@ -191,9 +285,15 @@ def simulate(
     if report is not None:
         from gpufleet.report import write_sim_report
 
-        context = {"trace": str(load.source), "jobs": f"{load.jobs.height:,}", "cluster": spec.name,
-                   "training GPUs": f"{spec.total_gpus():,}", "placement": placement,
-                   "checkpoint interval": f"{checkpoint_interval:g} s", "restart cost": f"{restart_cost:g} s"}
+        context = {
+            "trace": str(load.source),
+            "jobs": f"{load.jobs.height:,}",
+            "cluster": spec.name,
+            "training GPUs": f"{spec.total_gpus():,}",
+            "placement": placement,
+            "checkpoint interval": f"{checkpoint_interval:g} s",
+            "restart cost": f"{restart_cost:g} s",
+        }
         if vc:
             context["vc"] = vc
         path = write_sim_report(results, report, context=context)
@@ -220,14 +320,21 @@ def split_policies(text: str) -> tuple[list[str], dict[str, str]]:
                 raise typer.BadParameter(f"--policy '{item}': give a model path after ':'")
             paths[name] = path
         if name in names:
-            raise typer.BadParameter(f"--policy names '{name}' twice (one run per policy; compare models with "
-                                     "separate runs or `gpufleet sched eval-rl`)")
+            raise typer.BadParameter(
+                f"--policy names '{name}' twice (one run per policy; compare models with "
+                "separate runs or `gpufleet sched eval-rl`)"
+            )
         names.append(name)
     return names, paths
 
 
-def _table(title: str, columns: list[str], rows: list[list[str]], shown: tuple[str, ...] | None,
-           left: tuple[str, ...] = ("policy",)) -> Any:
+def _table(
+    title: str,
+    columns: list[str],
+    rows: list[list[str]],
+    shown: tuple[str, ...] | None,
+    left: tuple[str, ...] = ("policy",),
+) -> Any:
     """A Rich table of ``rows``; with ``shown``, only those columns (and a caption pointing at --wide)."""
     from rich.table import Table
 
@@ -237,8 +344,12 @@ def _table(title: str, columns: list[str], rows: list[list[str]], shown: tuple[s
     for i in keep:
         col = columns[i]
         # numbers never wrap; a long policy name folds onto a second line rather than being cut
-        table.add_column(col, justify="left" if col in left else "right", no_wrap=col not in left,
-                         overflow="fold" if col in left else "ellipsis")
+        table.add_column(
+            col,
+            justify="left" if col in left else "right",
+            no_wrap=col not in left,
+            overflow="fold" if col in left else "ellipsis",
+        )
     for row in rows:
         table.add_row(*[row[i] for i in keep])
     return table
@@ -247,8 +358,19 @@ def _table(title: str, columns: list[str], rows: list[list[str]], shown: tuple[s
 def summary_table(summaries: list[dict[str, Any]], title: str, wide: bool = True) -> Any:
     """One row per policy run: jobs, JCT, queueing, utilisation, preemptions (and Aryl's loaning, the network's
     contention when those runs are present); ``wide=False`` keeps :data:`DEFAULT_COLUMNS`."""
-    cols = ["policy", "jobs", "avg JCT", "p99 JCT", "avg queue", "p95 queue", "GPU util", "makespan",
-            "preempt.", "lost GPU-h", "wall"]
+    cols = [
+        "policy",
+        "jobs",
+        "avg JCT",
+        "p99 JCT",
+        "avg queue",
+        "p95 queue",
+        "GPU util",
+        "makespan",
+        "preempt.",
+        "lost GPU-h",
+        "wall",
+    ]
     with_usage = any("usage" in s for s in summaries)
     with_aryl = any("reclaims" in s for s in summaries)
     if with_usage:
@@ -261,18 +383,36 @@ def summary_table(summaries: list[dict[str, Any]], title: str, wide: bool = True
     rows = []
     for s in summaries:
         row = [
-            s["policy"], f"{s['finished']:,}/{s['jobs']:,}", format_span(s["avg_jct_s"]), format_span(s["p99_jct_s"]),
-            format_span(s["avg_queue_s"]), format_span(s["p95_queue_s"]), f"{100 * s['gpu_util']:.1f} %",
-            format_span(s["makespan_s"]), f"{s['preemptions']:,}", f"{s['lost_work_gpu_h']:,.0f}",
+            s["policy"],
+            f"{s['finished']:,}/{s['jobs']:,}",
+            format_span(s["avg_jct_s"]),
+            format_span(s["p99_jct_s"]),
+            format_span(s["avg_queue_s"]),
+            format_span(s["p95_queue_s"]),
+            f"{100 * s['gpu_util']:.1f} %",
+            format_span(s["makespan_s"]),
+            f"{s['preemptions']:,}",
+            f"{s['lost_work_gpu_h']:,.0f}",
         ]
         if with_usage:
             row.insert(7, f"{100 * s['usage']:.1f} %" if "usage" in s else "-")
         if with_aryl:
-            row += [f"{s['loaned_gpu_hours']:,.0f}", f"{s['reclaims']:,}", f"{s['reclaim_preemptions']:,}",
-                    f"{s['scale_events']:,}"] if "reclaims" in s else ["-"] * 4
+            row += (
+                [
+                    f"{s['loaned_gpu_hours']:,.0f}",
+                    f"{s['reclaims']:,}",
+                    f"{s['reclaim_preemptions']:,}",
+                    f"{s['scale_events']:,}",
+                ]
+                if "reclaims" in s
+                else ["-"] * 4
+            )
         if with_net:
-            row += [f"{s['contention_gpu_h']:,.1f}", f"{100 * s['multi_node_share']:.0f} %"] if (
-                "contention_gpu_h" in s) else ["-"] * 2
+            row += (
+                [f"{s['contention_gpu_h']:,.1f}", f"{100 * s['multi_node_share']:.0f} %"]
+                if ("contention_gpu_h" in s)
+                else ["-"] * 2
+            )
         row.append(f"{s['wall_s']:.2f} s")
         rows.append(row)
     return _table(title, cols, rows, None if wide else DEFAULT_COLUMNS)
@@ -282,16 +422,40 @@ def failure_table(results: list, wide: bool = True) -> Any:
     """Failures, interruptions, lost work and drains of each policy without and with the predictor."""
     from gpufleet.sim.failure_run import comparison
 
-    cols = ["policy", "predictor", "failures", "interruptions", "lost GPU-h", "drains (true/false)",
-            "false-alarm GPU-h", "avoided", "avg JCT", "finished"]
-    rows = [[row["policy"], "yes" if row["predictor"] else "no", f"{row['failures']:,}",
-             f"{row['job_interruptions']:,}", f"{row['lost_gpu_hours_failures']:,.1f}",
-             f"{row['drains']:,} ({row['drain_true']:,}/{row['drain_false']:,})",
-             f"{row['false_alarm_gpu_hours']:,.1f}", f"{row['avoided_failures']:,}",
-             format_span(row["avg_jct_s"]), f"{row['finished']:,}/{row['jobs']:,}"]
-            for row in comparison(results).iter_rows(named=True)]
-    return _table("failures: without and with the predictor", cols, rows,
-                  None if wide else DEFAULT_FAILURE_COLUMNS, left=("policy", "predictor"))
+    cols = [
+        "policy",
+        "predictor",
+        "failures",
+        "interruptions",
+        "lost GPU-h",
+        "drains (true/false)",
+        "false-alarm GPU-h",
+        "avoided",
+        "avg JCT",
+        "finished",
+    ]
+    rows = [
+        [
+            row["policy"],
+            "yes" if row["predictor"] else "no",
+            f"{row['failures']:,}",
+            f"{row['job_interruptions']:,}",
+            f"{row['lost_gpu_hours_failures']:,.1f}",
+            f"{row['drains']:,} ({row['drain_true']:,}/{row['drain_false']:,})",
+            f"{row['false_alarm_gpu_hours']:,.1f}",
+            f"{row['avoided_failures']:,}",
+            format_span(row["avg_jct_s"]),
+            f"{row['finished']:,}/{row['jobs']:,}",
+        ]
+        for row in comparison(results).iter_rows(named=True)
+    ]
+    return _table(
+        "failures: without and with the predictor",
+        cols,
+        rows,
+        None if wide else DEFAULT_FAILURE_COLUMNS,
+        left=("policy", "predictor"),
+    )
 
 
 def _print_breakdown(results: list, by: str) -> None:
@@ -305,8 +469,13 @@ def _print_breakdown(results: list, by: str) -> None:
         for col in ("group", "jobs", "avg JCT", "avg queue", "p95 JCT"):
             table.add_column(col, justify="left" if col == "group" else "right")
         for row in frame.iter_rows(named=True):
-            table.add_row(str(row["group"]), f"{row['jobs']:,}", format_span(row["avg_jct_s"]),
-                          format_span(row["avg_queue_s"]), format_span(row["p95_jct_s"]))
+            table.add_row(
+                str(row["group"]),
+                f"{row['jobs']:,}",
+                format_span(row["avg_jct_s"]),
+                format_span(row["avg_queue_s"]),
+                format_span(row["p95_jct_s"]),
+            )
         out.print(table)
 
 

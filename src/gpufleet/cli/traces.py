@@ -50,8 +50,7 @@ def traces_info(
 
 def _print_info(info: dict[str, Any]) -> None:
     out.print(f"[bold]{info.get('source', '')}[/]")
-    skip = {"gpu_histogram", "gpu_demand", "vcs", "per_vc", "duration_percentiles_s", "rejected",
-            "rejected_examples"}
+    skip = {"gpu_histogram", "gpu_demand", "vcs", "per_vc", "duration_percentiles_s", "rejected", "rejected_examples"}
     table = Table(show_header=False)
     for key, value in info.items():
         if key in skip or isinstance(value, (dict, list)):
@@ -68,8 +67,7 @@ def _print_info(info: dict[str, Any]) -> None:
                 for c in cols:
                     sub.add_column(c, justify="right")
                 for k, row in value.items():
-                    sub.add_row(str(k), *[f"{row[c]:,.3g}" if isinstance(row[c], float) else str(row[c])
-                                          for c in cols])
+                    sub.add_row(str(k), *[f"{row[c]:,.3g}" if isinstance(row[c], float) else str(row[c]) for c in cols])
             else:
                 sub.add_column("key")
                 sub.add_column("value", justify="right")
@@ -99,8 +97,7 @@ def traces_convert(
 def traces_generate(
     output: Annotated[Path, typer.Option("-o", "--output", help="Output file (.parquet or .csv).")],
     jobs: Annotated[int, typer.Option("-n", "--jobs", help="Number of jobs.")] = 100_000,
-    gpus: Annotated[int | None, typer.Option(
-        help="Cluster size the arrival rate is chosen for (with --load).")] = None,
+    gpus: Annotated[int | None, typer.Option(help="Cluster size the arrival rate is chosen for (with --load).")] = None,
     load: Annotated[float, typer.Option(help="Target average share of --gpus kept busy.")] = 0.8,
     rate: Annotated[float | None, typer.Option(help="Arrivals per hour (overrides --gpus/--load).")] = None,
     arrival: Annotated[str, typer.Option(help="poisson, or fitted (Philly's daily and weekly profile).")] = "poisson",
@@ -118,20 +115,29 @@ def traces_generate(
 
 @traces_app.command("inference")
 def traces_inference(
-    source: Annotated[str, typer.Argument(
-        help="genai (shape of the Alibaba GenAI serving trace, shipped), diurnal (cosine day), none, "
-        "or a CSV with columns time,servers_needed.")],
-    cluster: Annotated[Path | None, typer.Option(
-        help="Cluster TOML; its inference pools' nodes are the pool (default: the bundled cluster).")] = None,
+    source: Annotated[
+        str,
+        typer.Argument(
+            help="genai (shape of the Alibaba GenAI serving trace, shipped), diurnal (cosine day), none, "
+            "or a CSV with columns time,servers_needed."
+        ),
+    ],
+    cluster: Annotated[
+        Path | None,
+        typer.Option(help="Cluster TOML; its inference pools' nodes are the pool (default: the bundled cluster)."),
+    ] = None,
     days: Annotated[float, typer.Option(help="Days of load to build and summarise.")] = 14.0,
-    headroom: Annotated[float | None, typer.Option(
-        help="genai only: spare capacity kept above the busy GPUs [default: 0.2].")] = None,
+    headroom: Annotated[
+        float | None, typer.Option(help="genai only: spare capacity kept above the busy GPUs [default: 0.2].")
+    ] = None,
     step: Annotated[float | None, typer.Option(help="genai, diurnal: seconds per step [default: 300].")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
-    csv_out: Annotated[Path | None, typer.Option(
-        "--csv", help="Write the steps (time_s, servers_needed, idle_servers) to this CSV.")] = None,
-    plot: Annotated[Path | None, typer.Option(
-        help="Write an HTML chart of servers needed and idle over time, and by hour of day.")] = None,
+    csv_out: Annotated[
+        Path | None, typer.Option("--csv", help="Write the steps (time_s, servers_needed, idle_servers) to this CSV.")
+    ] = None,
+    plot: Annotated[
+        Path | None, typer.Option(help="Write an HTML chart of servers needed and idle over time, and by hour of day.")
+    ] = None,
 ) -> None:
     """Servers the inference pool needs over time and how many sit idle (loanable to training, as in Aryl).
 
@@ -161,12 +167,16 @@ def traces_inference(
 
 def _print_inference(s: dict[str, Any]) -> None:
     table = Table(title=f"inference load '{s['name']}' on {s['cluster']}", show_header=False)
-    rows = [("pool", f"{s['pool_servers']:,} servers"), ("span", format_span(s["end_s"] - s["start_s"])),
-            ("steps", f"{s['steps']:,}"), ("mean utilisation", f"{100 * s['mean_utilisation']:.1f} %"),
-            ("peak utilisation", f"{100 * s['peak_utilisation']:.1f} %"),
-            ("trough utilisation", f"{100 * s['trough_utilisation']:.1f} %"),
-            ("mean servers needed", f"{s['mean_servers_needed']:,.1f}"),
-            ("mean idle servers", f"{s['mean_idle_servers']:,.1f}")]
+    rows = [
+        ("pool", f"{s['pool_servers']:,} servers"),
+        ("span", format_span(s["end_s"] - s["start_s"])),
+        ("steps", f"{s['steps']:,}"),
+        ("mean utilisation", f"{100 * s['mean_utilisation']:.1f} %"),
+        ("peak utilisation", f"{100 * s['peak_utilisation']:.1f} %"),
+        ("trough utilisation", f"{100 * s['trough_utilisation']:.1f} %"),
+        ("mean servers needed", f"{s['mean_servers_needed']:,.1f}"),
+        ("mean idle servers", f"{s['mean_idle_servers']:,.1f}"),
+    ]
     for key, value in rows:
         table.add_row(key, value)
     out.print(table)
@@ -175,7 +185,7 @@ def _print_inference(s: dict[str, Any]) -> None:
     for col in ("hours", "", "utilisation"):
         hourly.add_column(col)
     for first in range(0, 24, 6):
-        values = s["hourly_utilisation"][first:first + 6]
+        values = s["hourly_utilisation"][first : first + 6]
         finite = [v for v in values if v is not None and math.isfinite(v)]
         bar = "".join(blocks[min(7, int(v * 8))] if v is not None and math.isfinite(v) else "·" for v in values)
         text = "  ".join(f"{100 * v:3.0f}%" if v is not None and math.isfinite(v) else "   —" for v in values)
@@ -199,16 +209,24 @@ def _print_mix(summary: dict[str, Any]) -> None:
 @traces_app.command("mix")
 def traces_mix(
     out_path: Annotated[Path, typer.Option("-o", "--out", help="Output Parquet file (keeps the model column).")],
-    intensity: Annotated[str, typer.Option(
-        help="Communication intensity of the model mix: light (low), medium (med), heavy, equal or random.")
+    intensity: Annotated[
+        str,
+        typer.Option(
+            help="Communication intensity of the model mix: light (low), medium (med), heavy, equal or random."
+        ),
     ] = "heavy",
     jobs: Annotated[int, typer.Option("-n", "--jobs", help="Number of jobs (DeepShare's traces: 256).")] = 256,
     seed: Annotated[int, typer.Option(help="Random seed (same seed, same trace).")] = 0,
-    arrival: Annotated[Arrival, typer.Option(
-        help="batch: every job at t = 0, as DeepShare; poisson: a constant-rate stream.")] = Arrival.batch,
-    rate_per_h: Annotated[float | None, typer.Option(
-        "--rate-per-h", help="Poisson arrivals per hour (default: the rate that offers 1.0 load on 32 GPUs, "
-        "about 10 jobs/h).")] = None,
+    arrival: Annotated[
+        Arrival, typer.Option(help="batch: every job at t = 0, as DeepShare; poisson: a constant-rate stream.")
+    ] = Arrival.batch,
+    rate_per_h: Annotated[
+        float | None,
+        typer.Option(
+            "--rate-per-h",
+            help="Poisson arrivals per hour (default: the rate that offers 1.0 load on 32 GPUs, about 10 jobs/h).",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON on stdout.")] = False,
 ) -> None:
     """Generate a DeepShare-style job mix: the six workloads of DeepShare's testbed by network intensity.
@@ -220,8 +238,9 @@ def traces_mix(
     """
     from gpufleet.sim.mix_file import write_mix
 
-    summary = write_mix(out_path, intensity=intensity, jobs=jobs, seed=seed, arrival=str(arrival.value),
-                        rate_per_h=rate_per_h)
+    summary = write_mix(
+        out_path, intensity=intensity, jobs=jobs, seed=seed, arrival=str(arrival.value), rate_per_h=rate_per_h
+    )
     if as_json:
         print(json.dumps(summary, indent=2))
         return

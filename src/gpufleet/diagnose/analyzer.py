@@ -24,7 +24,6 @@ from gpufleet.errors import DiagnoseError
 __all__ = ["Diagnosis", "TraceAnalyzer", "default_localisers"]
 
 
-
 def __getattr__(name: str) -> Any:
     """``DEFAULT_LOCALISERS``: the registered default localisers in run order (see ``default_localisers``)."""
     if name == "DEFAULT_LOCALISERS":

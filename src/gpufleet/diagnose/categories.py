@@ -58,4 +58,3 @@ def category_expr(cat: str = "cat", name: str = "name") -> pl.Expr:
         .then(pl.lit(COMMUNICATION))
         .otherwise(pl.lit(None, dtype=pl.Utf8))
     )
-

@@ -379,6 +379,7 @@ def read_folder(folder: str | Path, *, workers: int | None = None) -> TraceSet:
         raise DiagnoseError(f"{folder}: no such file or folder of traces")
     if not paths:
         raise DiagnoseError(f"{folder}: no trace files (*.json, *.json.gz) in this folder")
+
     def read_or_skip(index: int, path: Path) -> TraceFile | Path:
         try:
             return read_trace(path, fallback_rank=index)

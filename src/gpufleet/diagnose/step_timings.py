@@ -92,8 +92,9 @@ def parse_columns(spec: str | None) -> dict[str, str] | None:
     """
     if spec is None or not spec.strip():
         return None
-    return parse_column_map(spec, keys=MAPPING_KEYS, error=DiagnoseError,
-                            example="rank=worker,step=time,duration=batch_time_norm")
+    return parse_column_map(
+        spec, keys=MAPPING_KEYS, error=DiagnoseError, example="rank=worker,step=time,duration=batch_time_norm"
+    )
 
 
 def read_timings(path: str | Path, columns: dict[str, str] | None = None) -> pl.DataFrame:

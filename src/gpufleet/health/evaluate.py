@@ -72,9 +72,14 @@ def _make(name: str, cfg: EvalConfig) -> FailureModel:
     return make_model(name, seed=cfg.seed, torch_options=cfg.torch_options)
 
 
-def evaluate(arrays: FleetArrays, models: Sequence[str], cfg: EvalConfig | None = None,
-             modes: Sequence[str] = ("once", "sliding"),
-             progress: Callable[[str], None] | None = None, keep_scores: bool = False) -> EvalResult:
+def evaluate(
+    arrays: FleetArrays,
+    models: Sequence[str],
+    cfg: EvalConfig | None = None,
+    modes: Sequence[str] = ("once", "sliding"),
+    progress: Callable[[str], None] | None = None,
+    keep_scores: bool = False,
+) -> EvalResult:
     """Fit and score ``models`` (single and ensemble names) in each mode; see the module docstring."""
     cfg = cfg or EvalConfig()
     known = set(model_names())
@@ -89,8 +94,10 @@ def evaluate(arrays: FleetArrays, models: Sequence[str], cfg: EvalConfig | None 
     period_h = round(cfg.period_days * 24)
     end_h = arrays.n_bins * arrays.bin_h - fc.horizon_h  # rounds whose horizon the telemetry still covers
     if train_h < fc.window_h + fc.horizon_h or train_h >= end_h:
-        raise HealthError(f"train_days={cfg.train_days} leaves no room: the telemetry covers {arrays.hours} h, "
-                          f"a window is {fc.window_h} h and the horizon {fc.horizon_h} h")
+        raise HealthError(
+            f"train_days={cfg.train_days} leaves no room: the telemetry covers {arrays.hours} h, "
+            f"a window is {fc.window_h} h and the horizon {fc.horizon_h} h"
+        )
     periods = [(s, min(s + period_h, end_h)) for s in range(train_h, end_h, period_h)]
     base = _needed_models(models, cfg)
     say = progress or (lambda _msg: None)
@@ -114,8 +121,13 @@ def evaluate(arrays: FleetArrays, models: Sequence[str], cfg: EvalConfig | None 
             timings[f"fit {name}"] = timings.get(f"fit {name}", 0.0) + time.perf_counter() - t0
         if "cascade" in models:
             t0 = time.perf_counter()
-            casc = CascadeEnsemble(filter=fitted["cnn1d"], classifier=_make("mlp", cfg), keep=cfg.cascade_keep,
-                                   negative_rate=cfg.negative_rate, seed=cfg.seed)
+            casc = CascadeEnsemble(
+                filter=fitted["cnn1d"],
+                classifier=_make("mlp", cfg),
+                keep=cfg.cascade_keep,
+                negative_rate=cfg.negative_rate,
+                seed=cfg.seed,
+            )
             fitted["cascade"] = casc.with_fitted_filter(fitted["cnn1d"]).fit(train)
             timings["fit cascade"] = timings.get("fit cascade", 0.0) + time.perf_counter() - t0
         cache.clear()
@@ -149,29 +161,59 @@ def evaluate(arrays: FleetArrays, models: Sequence[str], cfg: EvalConfig | None 
                 scores["cascade"] = fitted["cascade"].combine(test, scores["cnn1d"])
                 timings["score cascade"] = timings.get("score cascade", 0.0) + time.perf_counter() - t0
             if keep_scores:
-                kept.append(pl.DataFrame({"mode": [mode] * len(test), "gpu": test.gpu.astype(np.int64),
-                                          "hour": test.time, "y": test.y, "lead_h": test.lead_h,
-                                          **{k: v.astype(np.float32) for k, v in scores.items()}}))
+                kept.append(
+                    pl.DataFrame(
+                        {
+                            "mode": [mode] * len(test),
+                            "gpu": test.gpu.astype(np.int64),
+                            "hour": test.time,
+                            "y": test.y,
+                            "lead_h": test.lead_h,
+                            **{k: v.astype(np.float32) for k, v in scores.items()},
+                        }
+                    )
+                )
             for name in models:
                 hit = top_k_per_round(test.time, scores[name], cfg.budget)
                 idx = np.flatnonzero(hit)
-                rows.append(pl.DataFrame({
-                    "model": [name] * len(idx), "mode": [mode] * len(idx), "gpu": test.gpu[idx].astype(np.int64),
-                    "hour": test.time[idx], "score": scores[name][idx], "true": test.y[idx].astype(bool),
-                    "lead_h": test.lead_h[idx],
-                }))
+                rows.append(
+                    pl.DataFrame(
+                        {
+                            "model": [name] * len(idx),
+                            "mode": [mode] * len(idx),
+                            "gpu": test.gpu[idx].astype(np.int64),
+                            "hour": test.time[idx],
+                            "score": scores[name][idx],
+                            "true": test.y[idx].astype(bool),
+                            "lead_h": test.lead_h[idx],
+                        }
+                    )
+                )
         del test
     alerts = pl.concat(rows) if rows else pl.DataFrame()
     test_start, test_end = periods[0][0], periods[-1][1]
     in_span = (arrays.failure_hour >= test_start) & (arrays.failure_hour < test_end)
     n_fail = int(in_span.sum())
     table, monthly = _metrics(alerts, models, modes, n_fail, arrays, test_start, test_end)
-    return EvalResult(table=table, monthly=monthly, alerts=alerts, failures=n_fail, timings=timings,
-                      scores=pl.concat(kept) if kept else None)
+    return EvalResult(
+        table=table,
+        monthly=monthly,
+        alerts=alerts,
+        failures=n_fail,
+        timings=timings,
+        scores=pl.concat(kept) if kept else None,
+    )
 
 
-def _metrics(alerts: pl.DataFrame, models: Sequence[str], modes: Sequence[str], n_fail: int,
-             arrays: FleetArrays, test_start: int, test_end: int) -> tuple[pl.DataFrame, pl.DataFrame]:
+def _metrics(
+    alerts: pl.DataFrame,
+    models: Sequence[str],
+    modes: Sequence[str],
+    n_fail: int,
+    arrays: FleetArrays,
+    test_start: int,
+    test_end: int,
+) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Precision, recall, F1 and lead time per (model, mode), and precision per calendar month.
 
     Recall counts only failures inside the test span; a right alert in the last rounds may foresee one
@@ -179,28 +221,53 @@ def _metrics(alerts: pl.DataFrame, models: Sequence[str], modes: Sequence[str], 
     """
     if alerts.is_empty():
         raise HealthError("no alerts were raised: the test span holds no prediction round")
-    caught = (alerts.filter(pl.col("true"))
-              .with_columns(fail_hour=pl.col("hour") + pl.col("lead_h").cast(pl.Int64))
-              .filter((pl.col("fail_hour") >= test_start) & (pl.col("fail_hour") < test_end))
-              .group_by("model", "mode", "gpu", "fail_hour").agg(lead=pl.col("lead_h").max()))
-    per_fail = caught.group_by("model", "mode").agg(caught=pl.len(), lead_h_median=pl.col("lead").median(),
-                                                     lead_h_mean=pl.col("lead").mean())
-    table = (alerts.group_by("model", "mode").agg(alerts=pl.len(), true_alerts=pl.col("true").sum())
-             .join(per_fail, on=["model", "mode"], how="left")
-             .with_columns(caught=pl.col("caught").fill_null(0))
-             .with_columns(precision=pl.col("true_alerts") / pl.col("alerts"),
-                           recall=pl.col("caught") / max(n_fail, 1))
-             .with_columns(f1=(2 * pl.col("precision") * pl.col("recall")
-                               / (pl.col("precision") + pl.col("recall"))).fill_nan(0.0)))
+    caught = (
+        alerts.filter(pl.col("true"))
+        .with_columns(fail_hour=pl.col("hour") + pl.col("lead_h").cast(pl.Int64))
+        .filter((pl.col("fail_hour") >= test_start) & (pl.col("fail_hour") < test_end))
+        .group_by("model", "mode", "gpu", "fail_hour")
+        .agg(lead=pl.col("lead_h").max())
+    )
+    per_fail = caught.group_by("model", "mode").agg(
+        caught=pl.len(), lead_h_median=pl.col("lead").median(), lead_h_mean=pl.col("lead").mean()
+    )
+    table = (
+        alerts.group_by("model", "mode")
+        .agg(alerts=pl.len(), true_alerts=pl.col("true").sum())
+        .join(per_fail, on=["model", "mode"], how="left")
+        .with_columns(caught=pl.col("caught").fill_null(0))
+        .with_columns(precision=pl.col("true_alerts") / pl.col("alerts"), recall=pl.col("caught") / max(n_fail, 1))
+        .with_columns(
+            f1=(2 * pl.col("precision") * pl.col("recall") / (pl.col("precision") + pl.col("recall"))).fill_nan(0.0)
+        )
+    )
     order = {m: i for i, m in enumerate(models)}
     morder = {m: i for i, m in enumerate(modes)}
-    table = (table.with_columns(_o=pl.col("model").replace_strict(order, default=99),
-                                _m=pl.col("mode").replace_strict(morder, default=9))
-             .sort("_o", "_m").drop("_o", "_m")
-             .select("model", "mode", "alerts", "true_alerts", "precision", "recall", "f1", "caught",
-                     "lead_h_median", "lead_h_mean"))
+    table = (
+        table.with_columns(
+            _o=pl.col("model").replace_strict(order, default=99), _m=pl.col("mode").replace_strict(morder, default=9)
+        )
+        .sort("_o", "_m")
+        .drop("_o", "_m")
+        .select(
+            "model",
+            "mode",
+            "alerts",
+            "true_alerts",
+            "precision",
+            "recall",
+            "f1",
+            "caught",
+            "lead_h_median",
+            "lead_h_mean",
+        )
+    )
     start = arrays.start
     month = (pl.lit(start).cast(pl.Datetime("ms", "UTC")) + pl.duration(hours=pl.col("hour"))).dt.strftime("%Y-%m")
-    monthly = (alerts.with_columns(month=month).group_by("model", "mode", "month")
-               .agg(alerts=pl.len(), precision=pl.col("true").mean()).sort("model", "mode", "month"))
+    monthly = (
+        alerts.with_columns(month=month)
+        .group_by("model", "mode", "month")
+        .agg(alerts=pl.len(), precision=pl.col("true").mean())
+        .sort("model", "mode", "month")
+    )
     return table, monthly

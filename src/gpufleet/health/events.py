@@ -22,15 +22,23 @@ def failure_events(fleet: str | Path) -> pl.DataFrame:
         raise HealthError(f"{path}: no such telemetry file")
     schema = pl.read_parquet_schema(path)
     if "DCGM_FI_DEV_XID_ERRORS" not in schema:
-        raise HealthError(f"{path}: no DCGM_FI_DEV_XID_ERRORS column, so no failure can be found; "
-                          "merge kernel-log XIDs with `gpufleet health import --xid`")
+        raise HealthError(
+            f"{path}: no DCGM_FI_DEV_XID_ERRORS column, so no failure can be found; "
+            "merge kernel-log XIDs with `gpufleet health import --xid`"
+        )
     lazy = pl.scan_parquet(path)
     start = lazy.select(pl.col("time").min()).collect().item()
-    return (lazy.filter(pl.col("DCGM_FI_DEV_XID_ERRORS").is_in(sorted(xid.HARD_XIDS)))
-            .select(pl.col("gpu").cast(pl.UInt32), pl.col("node").cast(pl.UInt32),
-                    time_s=(pl.col("time") - pl.lit(start)).dt.total_milliseconds() / 1000.0,
-                    xid=pl.col("DCGM_FI_DEV_XID_ERRORS").cast(pl.Int64))
-            .sort("time_s").collect())
+    return (
+        lazy.filter(pl.col("DCGM_FI_DEV_XID_ERRORS").is_in(sorted(xid.HARD_XIDS)))
+        .select(
+            pl.col("gpu").cast(pl.UInt32),
+            pl.col("node").cast(pl.UInt32),
+            time_s=(pl.col("time") - pl.lit(start)).dt.total_milliseconds() / 1000.0,
+            xid=pl.col("DCGM_FI_DEV_XID_ERRORS").cast(pl.Int64),
+        )
+        .sort("time_s")
+        .collect()
+    )
 
 
 def predicted_alerts(model: str | Path, fleet: str | Path) -> pl.DataFrame:
@@ -44,12 +52,17 @@ def predicted_alerts(model: str | Path, fleet: str | Path) -> pl.DataFrame:
 
     predictor = Predictor.load(model)
     arrays = build_arrays(fleet, bin_h=predictor.bin_h)
-    same = predictor.trained.get("fleet_start") == arrays.start.isoformat() and \
-        predictor.trained.get("source") == str(Path(fleet).resolve())
+    same = predictor.trained.get("fleet_start") == arrays.start.isoformat() and predictor.trained.get("source") == str(
+        Path(fleet).resolve()
+    )
     start_h = int(predictor.trained.get("end_hour", 0)) if same else 0
     alerts = rolling_alerts(predictor, arrays, start_h=start_h)
-    return alerts.select(pl.col("gpu").cast(pl.UInt32), pl.col("node").cast(pl.UInt32),
-                         time_s=pl.col("hour").cast(pl.Float64) * 3600.0, score=pl.col("score").cast(pl.Float64))
+    return alerts.select(
+        pl.col("gpu").cast(pl.UInt32),
+        pl.col("node").cast(pl.UInt32),
+        time_s=pl.col("hour").cast(pl.Float64) * 3600.0,
+        score=pl.col("score").cast(pl.Float64),
+    )
 
 
 def predictor_horizon_h(model: str | Path) -> float:

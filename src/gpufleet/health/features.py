@@ -17,8 +17,7 @@ from gpufleet.errors import HealthError
 from gpufleet.health.fleet_arrays import COUNTERS, FleetArrays
 from gpufleet.health.samples import Samples
 
-_EVENTS = {*COUNTERS, "hw_throttle_h", "sw_thermal_h", "xid63", "xid92", "xid94", "xid_benign", "xid_other",
-           "xid_hard"}
+_EVENTS = {*COUNTERS, "hw_throttle_h", "sw_thermal_h", "xid63", "xid92", "xid94", "xid_benign", "xid_other", "xid_hard"}
 
 
 @dataclass(frozen=True)
@@ -42,8 +41,11 @@ def _kinds(channels: tuple[str, ...]) -> list[str]:
     return ["alive" if ch == "alive_h" else "event" if ch in _EVENTS else "gauge" for ch in channels]
 
 
-_STATS = {"event": ("sum_w", "sum_recent", "last", "max", "trend", "bins_since"),
-          "gauge": ("mean_w", "mean_recent", "last", "max", "std_w", "trend"), "alive": ("frac_w",)}
+_STATS = {
+    "event": ("sum_w", "sum_recent", "last", "max", "trend", "bins_since"),
+    "gauge": ("mean_w", "mean_recent", "last", "max", "std_w", "trend"),
+    "alive": ("frac_w",),
+}
 
 
 def feature_names(channels: tuple[str, ...]) -> list[str]:
@@ -81,8 +83,15 @@ def tabular_from_sequence(seq: np.ndarray, channels: tuple[str, ...], recent_bin
     since = np.full_like(total, np.nan)
     since[:, ev] = since_e
     stats = {
-        "sum_w": total, "sum_recent": recent, "max": peak, "trend": total - 2 * first_half, "bins_since": since,
-        "mean_w": mean_w, "mean_recent": mean_recent, "std_w": std, "frac_w": total / (wb * bin_h),
+        "sum_w": total,
+        "sum_recent": recent,
+        "max": peak,
+        "trend": total - 2 * first_half,
+        "bins_since": since,
+        "mean_w": mean_w,
+        "mean_recent": mean_recent,
+        "std_w": std,
+        "frac_w": total / (wb * bin_h),
     }
     last = seq[:, -1]
     cols = []
@@ -113,8 +122,9 @@ def labels(arrays: FleetArrays, gpu: np.ndarray, hour: np.ndarray, horizon_h: in
     return y, np.where(y == 1, lead, np.nan).astype(np.float32)
 
 
-def candidate_instances(arrays: FleetArrays, cfg: FeatureConfig, start_h: int, end_h: int,
-                        every_h: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def candidate_instances(
+    arrays: FleetArrays, cfg: FeatureConfig, start_h: int, end_h: int, every_h: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """(gpu, hour) of every instance at bin boundaries in ``[start_h, end_h)`` whose GPU is up at that time.
 
     ``every_h`` thins the times (e.g. 24 for one prediction round a day); instances need a full window.
@@ -134,15 +144,21 @@ def candidate_instances(arrays: FleetArrays, cfg: FeatureConfig, start_h: int, e
     return g.astype(np.int64), times[t]
 
 
-def build_samples(arrays: FleetArrays, gpu: np.ndarray, hour: np.ndarray, cfg: FeatureConfig,
-                  with_labels: bool = True, block: int = 50_000) -> Samples:
+def build_samples(
+    arrays: FleetArrays,
+    gpu: np.ndarray,
+    hour: np.ndarray,
+    cfg: FeatureConfig,
+    with_labels: bool = True,
+    block: int = 50_000,
+) -> Samples:
     """Features (and labels) of the given instances, gathered in blocks to bound memory."""
     wb, rb = cfg.window_h // arrays.bin_h, cfg.recent_h // arrays.bin_h
     offsets = np.arange(-wb, 0)
     flat = arrays.bins.reshape(-1, arrays.bins.shape[2])
     tabs, seqs = [], []
     for s in range(0, len(gpu), block):
-        g, b = gpu[s:s + block], hour[s:s + block] // arrays.bin_h
+        g, b = gpu[s : s + block], hour[s : s + block] // arrays.bin_h
         rows = (g * arrays.n_bins + b)[:, None] + offsets[None, :]
         seq = np.take(flat, rows, axis=0)
         seqs.append(seq)
@@ -153,12 +169,21 @@ def build_samples(arrays: FleetArrays, gpu: np.ndarray, hour: np.ndarray, cfg: F
     y = lead = None
     if with_labels:
         y, lead = labels(arrays, gpu, hour, cfg.horizon_h)
-    return Samples(gpu=gpu.astype(np.uint32), time=hour.astype(np.int64), tabular=tabular, sequence=sequence, y=y,
-                   feature_names=feature_names(arrays.channels), channel_names=list(arrays.channels), lead_h=lead)
+    return Samples(
+        gpu=gpu.astype(np.uint32),
+        time=hour.astype(np.int64),
+        tabular=tabular,
+        sequence=sequence,
+        y=y,
+        feature_names=feature_names(arrays.channels),
+        channel_names=list(arrays.channels),
+        lead_h=lead,
+    )
 
 
-def training_samples(arrays: FleetArrays, cfg: FeatureConfig, start_h: int, end_h: int, negative_rate: float = 0.03,
-                     seed: int = 0) -> Samples:
+def training_samples(
+    arrays: FleetArrays, cfg: FeatureConfig, start_h: int, end_h: int, negative_rate: float = 0.03, seed: int = 0
+) -> Samples:
     """Labelled instances of ``[start_h, end_h)`` whose labels are known by ``end_h``: every positive and a
     random ``negative_rate`` of the negatives (failures are scarce; the paper augments positives likewise)."""
     gpu, hour = candidate_instances(arrays, cfg, start_h, end_h - cfg.horizon_h)

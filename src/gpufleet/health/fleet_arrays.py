@@ -22,17 +22,24 @@ from gpufleet.health import xid as xid_catalog
 
 #: gauges averaged per bin (name -> DCGM field)
 GAUGES = {
-    "temp": "DCGM_FI_DEV_GPU_TEMP", "mem_temp": "DCGM_FI_DEV_MEMORY_TEMP", "power": "DCGM_FI_DEV_POWER_USAGE",
-    "util": "DCGM_FI_DEV_GPU_UTIL", "sm_clock": "DCGM_FI_DEV_SM_CLOCK",
+    "temp": "DCGM_FI_DEV_GPU_TEMP",
+    "mem_temp": "DCGM_FI_DEV_MEMORY_TEMP",
+    "power": "DCGM_FI_DEV_POWER_USAGE",
+    "util": "DCGM_FI_DEV_GPU_UTIL",
+    "sm_clock": "DCGM_FI_DEV_SM_CLOCK",
     "remap_pending": "DCGM_FI_DEV_ROW_REMAP_PENDING",
 }
 #: counters summed as increments per bin
 COUNTERS = {
-    "sbe": "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "dbe": "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
-    "remap_c": "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "remap_u": "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
-    "pcie_replay": "DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "nvlink_crc": "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+    "sbe": "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+    "dbe": "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+    "remap_c": "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+    "remap_u": "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+    "pcie_replay": "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+    "nvlink_crc": "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
     "nvlink_replay": "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
-    "thermal_viol_s": "DCGM_FI_DEV_THERMAL_VIOLATION", "power_viol_s": "DCGM_FI_DEV_POWER_VIOLATION",
+    "thermal_viol_s": "DCGM_FI_DEV_THERMAL_VIOLATION",
+    "power_viol_s": "DCGM_FI_DEV_POWER_VIOLATION",
 }
 #: counters whose level (value since the last reset) is also a channel
 LEVELS = ("sbe", "remap_c", "remap_u", "pcie_replay")
@@ -43,8 +50,21 @@ _SW_THERMAL = 0x20
 _VIOLATION_NS_TO_S = 1e-9
 
 CHANNELS: tuple[str, ...] = (
-    *GAUGES, "temp_max", "temp_vs_node", *COUNTERS, "pcie_vs_node", *(f"{c}_level" for c in LEVELS),
-    "hw_throttle_h", "sw_thermal_h", "xid63", "xid92", "xid94", "xid_benign", "xid_other", "xid_hard", "alive_h",
+    *GAUGES,
+    "temp_max",
+    "temp_vs_node",
+    *COUNTERS,
+    "pcie_vs_node",
+    *(f"{c}_level" for c in LEVELS),
+    "hw_throttle_h",
+    "sw_thermal_h",
+    "xid63",
+    "xid92",
+    "xid94",
+    "xid_benign",
+    "xid_other",
+    "xid_hard",
+    "alive_h",
 )
 
 
@@ -79,17 +99,30 @@ class FleetArrays:
         """The fleet up to ``hours`` since its start (whole bins), with the failures before then."""
         nb = min(self.n_bins, hours // self.bin_h)
         keep = self.failure_hour < nb * self.bin_h
-        return replace(self, bins=self.bins[:, :nb], alive_end=self.alive_end[:, :nb], hours=nb * self.bin_h,
-                       **self._failures(keep))
+        return replace(
+            self,
+            bins=self.bins[:, :nb],
+            alive_end=self.alive_end[:, :nb],
+            hours=nb * self.bin_h,
+            **self._failures(keep),
+        )
 
     def first_gpus(self, gpus: int) -> FleetArrays:
         """The fleet's first ``gpus`` GPUs, with their failures (a sample for the costlier models)."""
-        return replace(self, bins=self.bins[:gpus], alive_end=self.alive_end[:gpus], node=self.node[:gpus],
-                       **self._failures(self.failure_gpu < gpus))
+        return replace(
+            self,
+            bins=self.bins[:gpus],
+            alive_end=self.alive_end[:gpus],
+            node=self.node[:gpus],
+            **self._failures(self.failure_gpu < gpus),
+        )
 
     def _failures(self, keep: np.ndarray) -> dict[str, np.ndarray]:
-        return {"failure_gpu": self.failure_gpu[keep], "failure_hour": self.failure_hour[keep],
-                "failure_xid": self.failure_xid[keep]}
+        return {
+            "failure_gpu": self.failure_gpu[keep],
+            "failure_hour": self.failure_hour[keep],
+            "failure_xid": self.failure_xid[keep],
+        }
 
 
 class _Columns:
@@ -101,8 +134,9 @@ class _Columns:
         self._keys: dict[str, pl.Series] = {}
         self.path = None if isinstance(source, pl.DataFrame) else source
         self.names = set(self.frame.columns) if self.frame is not None else set(pl.read_parquet_schema(source))
-        self.height = self.frame.height if self.frame is not None else pl.scan_parquet(source).select(
-            pl.len()).collect().item()
+        self.height = (
+            self.frame.height if self.frame is not None else pl.scan_parquet(source).select(pl.len()).collect().item()
+        )
 
     def __contains__(self, col: str) -> bool:
         return col in self.names
@@ -177,7 +211,7 @@ def _bin_reduce(x: np.ndarray, bin_h: int, how: str) -> np.ndarray:
     """(gpus, hours) -> (gpus, bins) by ``how`` in {mean, max, sum, last}; NaN when a bin has no value."""
     g, h = x.shape
     nb = h // bin_h
-    v = x[:, :nb * bin_h].reshape(g, nb, bin_h)
+    v = x[:, : nb * bin_h].reshape(g, nb, bin_h)
     with np.errstate(invalid="ignore", divide="ignore"):
         if how == "sum":
             return np.nansum(v, axis=2)
@@ -207,7 +241,7 @@ def _node_relative(temp: np.ndarray, node: np.ndarray) -> np.ndarray:
             out[order] = (grouped - med).reshape(temp.shape)
             return out
         for s, c in zip(starts, counts, strict=True):
-            rows = order[s:s + c]
+            rows = order[s : s + c]
             out[rows] = temp[rows] - np.nanmedian(temp[rows], axis=0, keepdims=True)
     return out
 
@@ -251,7 +285,7 @@ def build_arrays(source: pl.DataFrame | str | Path, bin_h: int = 6) -> FleetArra
     # peer comparison: a GPU replaying alone points at its own link, a whole node replaying at a shared cable
     bins[:, :, ch["pcie_vs_node"]] = _node_relative(bins[:, :, ch["pcie_replay"]], node)
     bins[:, :, ch["alive_h"]] = _bin_reduce(alive.astype(np.float32), bin_h, "sum")
-    alive_end = alive[:, bin_h - 1:nb * bin_h:bin_h]
+    alive_end = alive[:, bin_h - 1 : nb * bin_h : bin_h]
     del alive
     reasons = _dense(frame, REASONS, flat, gpus, hours, dtype=np.int64)
     bins[:, :, ch["hw_throttle_h"]] = _bin_reduce(((reasons & _HW_BITS) != 0).astype(np.float32), bin_h, "sum")
@@ -263,10 +297,14 @@ def build_arrays(source: pl.DataFrame | str | Path, bin_h: int = 6) -> FleetArra
     classes = {int(c): severity(int(c)) for c in np.unique(codes) if c}
     hard = np.isin(codes, [c for c, s in classes.items() if s == "hard"])
     for name, mask in (
-        ("xid63", codes == 63), ("xid92", codes == 92), ("xid94", codes == 94),
+        ("xid63", codes == 63),
+        ("xid92", codes == 92),
+        ("xid94", codes == 94),
         ("xid_benign", np.isin(codes, [c for c, s in classes.items() if s == "benign"])),
-        ("xid_other", np.isin(codes, [c for c, s in classes.items()
-                                      if s not in ("benign", "hard") and c not in (63, 92, 94)])),
+        (
+            "xid_other",
+            np.isin(codes, [c for c, s in classes.items() if s not in ("benign", "hard") and c not in (63, 92, 94)]),
+        ),
         ("xid_hard", hard),
     ):
         bins[:, :, ch[name]] = _bin_reduce(mask.astype(np.float32), bin_h, "sum")
@@ -274,6 +312,14 @@ def build_arrays(source: pl.DataFrame | str | Path, bin_h: int = 6) -> FleetArra
     no_data = bins[:, :, ch["alive_h"]] == 0
     bins[no_data] = np.nan
     bins[:, :, ch["alive_h"]] = np.where(no_data, 0.0, bins[:, :, ch["alive_h"]])
-    return FleetArrays(bins=bins, bin_h=bin_h, hours=hours, start=start, node=node,
-                       failure_gpu=fg.astype(np.int64), failure_hour=fh.astype(np.int64),
-                       failure_xid=codes[fg, fh].astype(np.int64), alive_end=alive_end)
+    return FleetArrays(
+        bins=bins,
+        bin_h=bin_h,
+        hours=hours,
+        start=start,
+        node=node,
+        failure_gpu=fg.astype(np.int64),
+        failure_hour=fh.astype(np.int64),
+        failure_xid=codes[fg, fh].astype(np.int64),
+        alive_end=alive_end,
+    )

@@ -30,12 +30,25 @@ from gpufleet.health import facts
 from gpufleet.health.facts import FAILURE_KINDS
 
 #: The telemetry columns the generator writes, in order (canonical DCGM names).
-GAUGES = ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_MEMORY_TEMP",
-          "DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_ROW_REMAP_PENDING")
-COUNTERS = ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
-            "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
-            "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
-            "DCGM_FI_DEV_THERMAL_VIOLATION", "DCGM_FI_DEV_POWER_VIOLATION")
+GAUGES = (
+    "DCGM_FI_DEV_GPU_UTIL",
+    "DCGM_FI_DEV_POWER_USAGE",
+    "DCGM_FI_DEV_GPU_TEMP",
+    "DCGM_FI_DEV_MEMORY_TEMP",
+    "DCGM_FI_DEV_SM_CLOCK",
+    "DCGM_FI_DEV_ROW_REMAP_PENDING",
+)
+COUNTERS = (
+    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+    "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+    "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
+    "DCGM_FI_DEV_THERMAL_VIOLATION",
+    "DCGM_FI_DEV_POWER_VIOLATION",
+)
 CODES = ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "DCGM_FI_DEV_XID_ERRORS")
 FLEET_META_KEY = b"gpufleet.fleet"
 
@@ -67,8 +80,16 @@ class FleetConfig:
     weak_batch_hbm_factor: float = 3.0
     #: decoy episodes (the signature without a failure) per true precursor episode, by signature (assumption;
     #: the drift look-alikes, storms and ageing leakage, come on top and outnumber them late in the span)
-    decoys: dict[str, float] = field(default_factory=lambda: {
-        "hbm": 0.5, "pcie": 0.5, "nvlink": 0.4, "sram": 0.5, "app_errors": 0.75, "thermal": 1.0})
+    decoys: dict[str, float] = field(
+        default_factory=lambda: {
+            "hbm": 0.5,
+            "pcie": 0.5,
+            "nvlink": 0.4,
+            "sram": 0.5,
+            "app_errors": 0.75,
+            "thermal": 1.0,
+        }
+    )
     #: decoys are milder on average than real precursors (log-normal median ratio), with overlapping tails
     decoy_intensity: float = 0.5
     #: multiply the drift look-alikes (facts.CABLE_STORMS_PER_NODE_DAY, facts.AGING_LEAK_SHARE); 0 turns them off
@@ -123,17 +144,20 @@ def _draw_plan(cfg: FleetConfig, rng: np.random.Generator) -> _Plan:
     weak = rng.random(g) < cfg.weak_batch_share
     bad_cables = rng.random(racks) < facts.MAINTENANCE_RACK_SHARE
     plan_failures = _draw_failures(cfg, rng, weak)
-    episodes = pl.concat([_draw_episodes(cfg, rng, plan_failures), _drift_episodes(cfg, rng, weak, bad_cables)],
-                         how="vertical_relaxed").sort("gpu", "start")
+    episodes = pl.concat(
+        [_draw_episodes(cfg, rng, plan_failures), _drift_episodes(cfg, rng, weak, bad_cables)], how="vertical_relaxed"
+    ).sort("gpu", "start")
     return _Plan(
-        leaky=rng.random(g) < cfg.leaky_share, weak=weak,
+        leaky=rng.random(g) < cfg.leaky_share,
+        weak=weak,
         gpu_temp_off=rng.normal(0.0, 2.5, g).astype(np.float32),
         power_eff=rng.normal(1.0, 0.04, g).astype(np.float32),
         node_inference=rng.random(nodes) < cfg.inference_share,
         node_upgrade_h=((facts.DRIVER_UPGRADE_DAY + rng.uniform(-1, 1, nodes) * facts.DRIVER_ROLLOUT_DAYS) * 24),
         rack_temp_off=rng.normal(0.0, 2.0, racks).astype(np.float32),
         rack_bad_cables=bad_cables,
-        failures=plan_failures, episodes=episodes,
+        failures=plan_failures,
+        episodes=episodes,
     )
 
 
@@ -161,16 +185,21 @@ def _draw_failures(cfg: FleetConfig, rng: np.random.Generator, weak: np.ndarray)
             hours = np.where(after, up + rng.random(n) * (h - up), rng.random(n) * up)
             has = rng.random(n) < np.where(after, facts.GSP_PRECURSOR_AFTER, kind.precursor_prob)
         xids = rng.choice(np.array(kind.xids), size=n)
-        rows += [(int(a), int(b), kind.name, int(c), bool(d))
-                 for a, b, c, d in zip(gpus, hours, xids, has, strict=True)]
-    frame = pl.DataFrame(rows, schema={"gpu": pl.UInt32, "hour": pl.Int64, "kind": pl.Utf8, "xid": pl.Int64,
-                                       "precursor": pl.Boolean}, orient="row").sort("gpu", "hour")
+        rows += [
+            (int(a), int(b), kind.name, int(c), bool(d)) for a, b, c, d in zip(gpus, hours, xids, has, strict=True)
+        ]
+    frame = pl.DataFrame(
+        rows,
+        schema={"gpu": pl.UInt32, "hour": pl.Int64, "kind": pl.Utf8, "xid": pl.Int64, "precursor": pl.Boolean},
+        orient="row",
+    ).sort("gpu", "hour")
     repair = np.clip(rng.lognormal(math.log(facts.REPAIR_MEDIAN_H), 0.5, frame.height), 4, 240).astype(np.int64)
     frame = frame.with_columns(repair_h=pl.Series(repair))
     # a GPU under repair cannot fail again: drop failures inside an earlier one's repair window
     keep, last_gpu, busy_until = [], -1, -1
-    for gpu, hour, rep in zip(frame["gpu"].to_list(), frame["hour"].to_list(), frame["repair_h"].to_list(),
-                              strict=True):
+    for gpu, hour, rep in zip(
+        frame["gpu"].to_list(), frame["hour"].to_list(), frame["repair_h"].to_list(), strict=True
+    ):
         ok = not (gpu == last_gpu and hour <= busy_until)
         keep.append(ok)
         if ok:
@@ -190,10 +219,19 @@ def _draw_episodes(cfg: FleetConfig, rng: np.random.Generator, failures: pl.Data
         median = np.array([kinds[k].median_lead_h for k in mine["kind"].to_list()], dtype=float)
         lead = np.clip(rng.lognormal(np.log(np.maximum(median, 1.0)), 0.45), 6, 168).astype(np.int64)
         end = mine["hour"].to_numpy()
-        parts.append(pl.DataFrame({
-            "gpu": mine["gpu"], "start": end - lead, "end": end, "signature": [sig] * mine.height,
-            "intensity": rng.lognormal(0.0, 0.5, mine.height), "true": [True] * mine.height,
-        }, schema_overrides={"start": pl.Int64, "end": pl.Int64}))
+        parts.append(
+            pl.DataFrame(
+                {
+                    "gpu": mine["gpu"],
+                    "start": end - lead,
+                    "end": end,
+                    "signature": [sig] * mine.height,
+                    "intensity": rng.lognormal(0.0, 0.5, mine.height),
+                    "true": [True] * mine.height,
+                },
+                schema_overrides={"start": pl.Int64, "end": pl.Int64},
+            )
+        )
         # decoys: as many as the expected number of true episodes of this signature times the ratio
         expected = sum(k.share * k.precursor_prob for k in FAILURE_KINDS if k.precursor == sig)
         n = rng.poisson(expected * per_gpu_hour * g * h * cfg.decoys.get(sig, 0.0))
@@ -214,25 +252,34 @@ def _whole_nodes(node: np.ndarray, gpus_per_node: int) -> np.ndarray:
     return (node[:, None] * gpus_per_node + np.arange(gpus_per_node)[None, :]).ravel()
 
 
-def _look_alikes(g: int, gpus: np.ndarray, start: np.ndarray, end: np.ndarray, signature: str,
-                 intensity: np.ndarray) -> pl.DataFrame:
+def _look_alikes(
+    g: int, gpus: np.ndarray, start: np.ndarray, end: np.ndarray, signature: str, intensity: np.ndarray
+) -> pl.DataFrame:
     """Episodes on healthy GPUs (no failure follows), dropping GPUs past the fleet's last node."""
     ok = gpus < g
     n = int(ok.sum())
-    return pl.DataFrame({
-        "gpu": gpus[ok].astype(np.uint32), "start": start[ok].astype(np.int64), "end": end[ok].astype(np.int64),
-        "signature": [signature] * n, "intensity": intensity[ok].astype(np.float64), "true": [False] * n,
-    }, schema_overrides={"signature": pl.Utf8, "true": pl.Boolean})
+    return pl.DataFrame(
+        {
+            "gpu": gpus[ok].astype(np.uint32),
+            "start": start[ok].astype(np.int64),
+            "end": end[ok].astype(np.int64),
+            "signature": [signature] * n,
+            "intensity": intensity[ok].astype(np.float64),
+            "true": [False] * n,
+        },
+        schema_overrides={"signature": pl.Utf8, "true": pl.Boolean},
+    )
 
 
-def _drift_episodes(cfg: FleetConfig, rng: np.random.Generator, weak: np.ndarray, bad_racks: np.ndarray
-                    ) -> pl.DataFrame:
+def _drift_episodes(
+    cfg: FleetConfig, rng: np.random.Generator, weak: np.ndarray, bad_racks: np.ndarray
+) -> pl.DataFrame:
     """Look-alikes that appear as the fleet drifts: node-wide PCIe replay storms on the racks a maintenance left
     with loose cables (after it), and benign single-bit leakage of the ageing weak batch (more and more of it)."""
     g, h, gpn = cfg.gpus, cfg.hours, cfg.gpus_per_node
     parts = []
     first = int(facts.MAINTENANCE_DAY * 24)
-    bad_nodes = np.flatnonzero(np.repeat(bad_racks, cfg.nodes_per_rack)[:cfg.nodes])
+    bad_nodes = np.flatnonzero(np.repeat(bad_racks, cfg.nodes_per_rack)[: cfg.nodes])
     if first < h and len(bad_nodes):
         n = rng.poisson(facts.CABLE_STORMS_PER_NODE_DAY * len(bad_nodes) * (h - first) / 24 * cfg.storm_scale)
         gpus = _whole_nodes(rng.choice(bad_nodes, n), gpn)
@@ -258,8 +305,9 @@ def _normal(rng: np.random.Generator, shape: tuple[int, int]) -> np.ndarray:
     return rng.standard_normal(shape, dtype=np.float32)
 
 
-def _sparse_counts(rng: np.random.Generator, shape: tuple[int, int], rate: np.ndarray,
-                   size: Callable[[int], np.ndarray] | None = None) -> np.ndarray:
+def _sparse_counts(
+    rng: np.random.Generator, shape: tuple[int, int], rate: np.ndarray, size: Callable[[int], np.ndarray] | None = None
+) -> np.ndarray:
     """Rare events per (row, hour) at ``rate[row]`` per hour, drawn sparsely: the number of events per row,
     then their hours; ``size`` draws how many counts each event adds (1 each by default)."""
     n, h = shape
@@ -280,8 +328,9 @@ def _profile(n: int, true: bool, signature: str = "") -> np.ndarray:
     return np.exp(3.0 * (tau - 1.0)) if true else np.sin(np.pi * tau) ** 2
 
 
-def _node_util(cfg: FleetConfig, rng: np.random.Generator, inference: np.ndarray, hour_of_day: np.ndarray,
-               day: np.ndarray) -> np.ndarray:
+def _node_util(
+    cfg: FleetConfig, rng: np.random.Generator, inference: np.ndarray, hour_of_day: np.ndarray, day: np.ndarray
+) -> np.ndarray:
     """GPU utilisation per node and hour: diurnal inference load, or training jobs that start and stop."""
     n, h = len(inference), len(hour_of_day)
     util = np.empty((n, h), dtype=np.float32)
@@ -319,11 +368,19 @@ def _chunk(cfg: FleetConfig, plan: _Plan, g0: int, g1: int, rng: np.random.Gener
     demand = 75 + 625 * util / 100 * plan.power_eff[gpus, None] + 8 * _normal(rng, (n, h))
     capped = demand > 690
     power = np.minimum(demand, np.float32(690))
-    inlet = (21 + plan.rack_temp_off[rack, None] + facts.SEASONAL_WARMING_C_PER_DAY * day[None, :]
-             + 1.2 * np.sin(2 * np.pi * (hour_of_day - 10) / 24)[None, :])
+    inlet = (
+        21
+        + plan.rack_temp_off[rack, None]
+        + facts.SEASONAL_WARMING_C_PER_DAY * day[None, :]
+        + 1.2 * np.sin(2 * np.pi * (hour_of_day - 10) / 24)[None, :]
+    )
     slot_off = (gpus % gpn) * 0.8
-    temp = (inlet.astype(np.float32) + 0.065 * power + (slot_off[:, None] + plan.gpu_temp_off[gpus, None])
-            + 0.8 * _normal(rng, (n, h)))
+    temp = (
+        inlet.astype(np.float32)
+        + 0.065 * power
+        + (slot_off[:, None] + plan.gpu_temp_off[gpus, None])
+        + 0.8 * _normal(rng, (n, h))
+    )
     mem_extra = np.zeros((n, h), dtype=np.float32)
 
     leaky = plan.leaky[gpus]
@@ -336,8 +393,9 @@ def _chunk(cfg: FleetConfig, plan: _Plan, g0: int, g1: int, rng: np.random.Gener
     pcie = _sparse_counts(rng, (n, h), np.full(n, 0.01))
     bad_rows = plan.rack_bad_cables[rack]
     first_bad = min(int(facts.MAINTENANCE_DAY * 24), h)
-    pcie[:, first_bad:] += _sparse_counts(rng, (n, h - first_bad), np.where(bad_rows, 0.004, 0.0),
-                                          size=lambda k: rng.poisson(12, k))
+    pcie[:, first_bad:] += _sparse_counts(
+        rng, (n, h - first_bad), np.where(bad_rows, 0.004, 0.0), size=lambda k: rng.poisson(12, k)
+    )
     crc = _sparse_counts(rng, (n, h), np.full(n, 0.005))
     xid = np.zeros((n, h), dtype=np.int64)
     rank = np.zeros((n, h), dtype=np.int8)  # severity of the XID held in ``xid``: 1 benign, 2 precursor, 3 hard
@@ -358,8 +416,10 @@ def _chunk(cfg: FleetConfig, plan: _Plan, g0: int, g1: int, rng: np.random.Gener
         s, e = max(ep["start"], 0), min(ep["end"], h)
         if e <= s:
             continue
-        prof = (_profile(ep["end"] - ep["start"], ep["true"], ep["signature"])[s - ep["start"]:e - ep["start"]]
-                * ep["intensity"])
+        prof = (
+            _profile(ep["end"] - ep["start"], ep["true"], ep["signature"])[s - ep["start"] : e - ep["start"]]
+            * ep["intensity"]
+        )
         span = slice(s, e)
         sig = ep["signature"]
         if sig in ("hbm", "sram"):
@@ -370,7 +430,7 @@ def _chunk(cfg: FleetConfig, plan: _Plan, g0: int, g1: int, rng: np.random.Gener
                 events = rng.random(e - s) < 0.06 * prof
                 remap_c[i, span] += events
                 for k in np.nonzero(events)[0]:
-                    pending[i, s + k:min(s + k + int(rng.integers(6, 48)), h)] = True
+                    pending[i, s + k : min(s + k + int(rng.integers(6, 48)), h)] = True
                 put_xid(np.full(events.sum(), i), s + np.nonzero(events)[0], facts.XID_REMAP_EVENT, 2)
                 # uncorrectable (contained) errors only on the way to a failure: a look-alike is a remap
                 # that succeeds, with correctable errors alone
@@ -398,8 +458,12 @@ def _chunk(cfg: FleetConfig, plan: _Plan, g0: int, g1: int, rng: np.random.Gener
 
     mem_temp = temp + 5 + mem_extra + _normal(rng, (n, h))
     hw_thermal = temp >= 87
-    reasons = (np.where(util < 5, _IDLE, 0) | np.where(capped, _SW_POWER, 0) | np.where(temp >= 84, _SW_THERMAL, 0)
-               | np.where(hw_thermal, _HW_THERMAL | _HW_SLOW, 0)).astype(np.int64)
+    reasons = (
+        np.where(util < 5, _IDLE, 0)
+        | np.where(capped, _SW_POWER, 0)
+        | np.where(temp >= 84, _SW_THERMAL, 0)
+        | np.where(hw_thermal, _HW_THERMAL | _HW_SLOW, 0)
+    ).astype(np.int64)
     sm_clock = np.where(util < 5, 345.0, 1980.0) - np.where(capped, 80.0, 0.0) - 40.0 * np.clip(temp - 84, 0, None)
     sm_clock = (sm_clock + 5 * _normal(rng, (n, h))).astype(np.float32)
     thermal_ns = np.clip((temp - 85) / 5, 0, 1) * np.float32(_HOUR_NS)
@@ -418,7 +482,7 @@ def _chunk(cfg: FleetConfig, plan: _Plan, g0: int, g1: int, rng: np.random.Gener
         xid[i, t], rank[i, t] = f["xid"], 3
         if f["kind"] == "hbm":
             dbe[i, t] += 1
-        alive[i, t + 1:t + 1 + f["repair_h"]] = False
+        alive[i, t + 1 : t + 1 + f["repair_h"]] = False
         if t + 1 + f["repair_h"] < h:
             resets.append((i, t + 1 + f["repair_h"]))
 
@@ -429,17 +493,23 @@ def _chunk(cfg: FleetConfig, plan: _Plan, g0: int, g1: int, rng: np.random.Gener
         return total.astype(np.float32)
 
     cols = {
-        "DCGM_FI_DEV_GPU_UTIL": util, "DCGM_FI_DEV_POWER_USAGE": power, "DCGM_FI_DEV_GPU_TEMP": temp,
-        "DCGM_FI_DEV_MEMORY_TEMP": mem_temp, "DCGM_FI_DEV_SM_CLOCK": sm_clock,
+        "DCGM_FI_DEV_GPU_UTIL": util,
+        "DCGM_FI_DEV_POWER_USAGE": power,
+        "DCGM_FI_DEV_GPU_TEMP": temp,
+        "DCGM_FI_DEV_MEMORY_TEMP": mem_temp,
+        "DCGM_FI_DEV_SM_CLOCK": sm_clock,
         "DCGM_FI_DEV_ROW_REMAP_PENDING": pending.astype(np.float32),
-        "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": cumulative(sbe), "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": cumulative(dbe),
+        "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": cumulative(sbe),
+        "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": cumulative(dbe),
         "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": cumulative(remap_c),
         "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": cumulative(remap_u),
         "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": cumulative(pcie),
         "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL": cumulative(crc),
         "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL": cumulative(replay),
-        "DCGM_FI_DEV_THERMAL_VIOLATION": cumulative(thermal_ns), "DCGM_FI_DEV_POWER_VIOLATION": cumulative(power_ns),
-        "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": reasons, "DCGM_FI_DEV_XID_ERRORS": xid,
+        "DCGM_FI_DEV_THERMAL_VIOLATION": cumulative(thermal_ns),
+        "DCGM_FI_DEV_POWER_VIOLATION": cumulative(power_ns),
+        "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": reasons,
+        "DCGM_FI_DEV_XID_ERRORS": xid,
     }
     cols["_alive"] = alive
     return cols
@@ -454,7 +524,8 @@ def _chunk_frame(cfg: FleetConfig, g0: int, cols: dict[str, np.ndarray]) -> pl.D
     time_ms = np.tile(start_ms + np.arange(h, dtype=np.int64) * 3_600_000, n)
     dead = ~alive.ravel()
     data: dict[str, pl.Series] = {
-        "gpu": pl.Series("gpu", gpu), "node": pl.Series("node", gpu // cfg.gpus_per_node),
+        "gpu": pl.Series("gpu", gpu),
+        "node": pl.Series("node", gpu // cfg.gpus_per_node),
         "time": pl.Series("time", time_ms).cast(pl.Datetime("ms", "UTC")),
     }
     for name, arr in cols.items():
@@ -476,8 +547,11 @@ def generate_fleet(cfg: FleetConfig, out: Path, progress: Callable[[int, int], N
     out.parent.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(cfg.seed)
     plan = _draw_plan(cfg, rng)
-    meta = {"config": {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in asdict(cfg).items()},
-            "hours": cfg.hours, "generator": "gpufleet.health.generator"}
+    meta = {
+        "config": {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in asdict(cfg).items()},
+        "hours": cfg.hours,
+        "generator": "gpufleet.health.generator",
+    }
     writer = None
     rows = 0
     step = max(cfg.gpus_per_node, cfg.chunk_gpus // cfg.gpus_per_node * cfg.gpus_per_node)
@@ -492,8 +566,7 @@ def generate_fleet(cfg: FleetConfig, out: Path, progress: Callable[[int, int], N
                 if writer is None:
                     schema = table.schema.with_metadata({FLEET_META_KEY: json.dumps(meta).encode()})
                     # dictionary pages only where values repeat: on noisy floats they cost time and space
-                    writer = pq.ParquetWriter(out, schema, compression="zstd",
-                                              use_dictionary=["gpu", "node", *CODES])
+                    writer = pq.ParquetWriter(out, schema, compression="zstd", use_dictionary=["gpu", "node", *CODES])
                 if pending is not None:
                     pending.result()
                 pending = pool.submit(writer.write_table, table.cast(schema))
@@ -509,7 +582,12 @@ def generate_fleet(cfg: FleetConfig, out: Path, progress: Callable[[int, int], N
     truth_path = out.with_name(out.stem + ".failures.parquet")
     truth.write_parquet(truth_path)
     return FleetSummary(
-        path=out, failures_path=truth_path, gpus=cfg.gpus, hours=cfg.hours, rows=rows, failures=truth.height,
+        path=out,
+        failures_path=truth_path,
+        gpus=cfg.gpus,
+        hours=cfg.hours,
+        rows=rows,
+        failures=truth.height,
         failures_by_kind=dict(truth.group_by("kind").len().sort("kind").iter_rows()),
         with_precursor=int(truth["precursor"].sum()),
         decoy_episodes=int((~plan.episodes["true"]).sum()),
@@ -519,7 +597,11 @@ def generate_fleet(cfg: FleetConfig, out: Path, progress: Callable[[int, int], N
 def failures_truth(cfg: FleetConfig, failures: pl.DataFrame) -> pl.DataFrame:
     """The ground truth of the generated failures (inside the fleet's span), with calendar times."""
     start = pl.lit(cfg.start).cast(pl.Datetime("ms", "UTC"))
-    return failures.filter(pl.col("hour") < cfg.hours).with_columns(
-        node=(pl.col("gpu") // cfg.gpus_per_node).cast(pl.UInt32),
-        time=start + pl.duration(hours=pl.col("hour")),
-    ).select("gpu", "node", "time", "hour", "kind", "xid", "precursor", "repair_h")
+    return (
+        failures.filter(pl.col("hour") < cfg.hours)
+        .with_columns(
+            node=(pl.col("gpu") // cfg.gpus_per_node).cast(pl.UInt32),
+            time=start + pl.duration(hours=pl.col("hour")),
+        )
+        .select("gpu", "node", "time", "hour", "kind", "xid", "precursor", "repair_h")
+    )

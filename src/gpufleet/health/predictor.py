@@ -47,9 +47,15 @@ class Predictor:
 
     def save(self, path: str | Path) -> Path:
         """Write the predictor as a data-only model archive at ``path`` (any name: ``model.zip`` by convention)."""
-        content = {"model_name": self.model_name, "features": asdict(self.features), "bin_h": self.bin_h,
-                   "budget": self.budget, "trained": self.trained, "calibration": self.calibration,
-                   "model": self.model}
+        content = {
+            "model_name": self.model_name,
+            "features": asdict(self.features),
+            "bin_h": self.bin_h,
+            "budget": self.budget,
+            "trained": self.trained,
+            "calibration": self.calibration,
+            "model": self.model,
+        }
         return save_file(path, _FORMAT, content)
 
     @staticmethod
@@ -66,12 +72,19 @@ class Predictor:
             if calibration is not None:
                 x, y = calibration
                 calibration = (np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64))
-            return Predictor(model=c["model"], model_name=str(c["model_name"]), features=FeatureConfig(**c["features"]),
-                             bin_h=int(c["bin_h"]), budget=float(c["budget"]), trained=dict(c["trained"]),
-                             calibration=calibration)
+            return Predictor(
+                model=c["model"],
+                model_name=str(c["model_name"]),
+                features=FeatureConfig(**c["features"]),
+                bin_h=int(c["bin_h"]),
+                budget=float(c["budget"]),
+                trained=dict(c["trained"]),
+                calibration=calibration,
+            )
         except (KeyError, TypeError, ValueError) as exc:
-            raise HealthError(f"{path}: not a valid {_WHAT} ({type(exc).__name__}: {exc}); write one with "
-                              "`gpufleet health train`") from None
+            raise HealthError(
+                f"{path}: not a valid {_WHAT} ({type(exc).__name__}: {exc}); write one with `gpufleet health train`"
+            ) from None
 
     def probability(self, scores: np.ndarray) -> np.ndarray:
         """Calibrated probability of failure within the horizon (NaN without a calibration)."""
@@ -94,16 +107,21 @@ def _check_format(path: Path, fmt: str) -> None:
         return
     prefix, _, version = fmt.rpartition("/")
     if prefix == _FORMAT.rpartition("/")[0] and version.isdigit() and int(version) > int(_FORMAT.rpartition("/")[2]):
-        raise HealthError(f"{path}: a failure model from a newer gpufleet ({fmt}; this one reads {_FORMAT}); "
-                          "upgrade gpufleet or retrain it with this one")
+        raise HealthError(
+            f"{path}: a failure model from a newer gpufleet ({fmt}; this one reads {_FORMAT}); "
+            "upgrade gpufleet or retrain it with this one"
+        )
     if fmt.startswith("gpufleet.health.predictor/"):
-        raise HealthError(f"{path}: a failure model from an older gpufleet ({fmt}; this one reads {_FORMAT}, "
-                          "whose features differ); retrain it with `gpufleet health train`")
+        raise HealthError(
+            f"{path}: a failure model from an older gpufleet ({fmt}; this one reads {_FORMAT}, "
+            "whose features differ); retrain it with `gpufleet health train`"
+        )
     raise HealthError(f"{path}: not a {_WHAT} (format {fmt!r}); write one with `gpufleet health train`")
 
 
-def _fit(name: str, train: Any, budget: float, seed: int, torch_options: dict,
-         negative_rate: float = 1.0) -> FailureModel:
+def _fit(
+    name: str, train: Any, budget: float, seed: int, torch_options: dict, negative_rate: float = 1.0
+) -> FailureModel:
     if name == "parallel":
         return ParallelEnsemble(budget=budget, seed=seed).fit(train)
     if name == "cascade":
@@ -111,10 +129,18 @@ def _fit(name: str, train: Any, budget: float, seed: int, torch_options: dict,
     return make_model(name, seed=seed, torch_options=torch_options).fit(train)
 
 
-def train_predictor(arrays: FleetArrays, model: str = "gbdt", features: FeatureConfig | None = None,
-                    train_days: float = 28.0, calibrate_days: float = 14.0, budget: float = DEFAULT_BUDGET,
-                    negative_rate: float = 0.03, seed: int = 0, source: str = "",
-                    torch_options: dict | None = None) -> Predictor:
+def train_predictor(
+    arrays: FleetArrays,
+    model: str = "gbdt",
+    features: FeatureConfig | None = None,
+    train_days: float = 28.0,
+    calibrate_days: float = 14.0,
+    budget: float = DEFAULT_BUDGET,
+    negative_rate: float = 0.03,
+    seed: int = 0,
+    source: str = "",
+    torch_options: dict | None = None,
+) -> Predictor:
     """Fit ``model`` on the last ``train_days`` whose labels are known, calibrated on a held-out tail."""
     fc = features or FeatureConfig()
     fc.validate(arrays.bin_h)
@@ -122,16 +148,26 @@ def train_predictor(arrays: FleetArrays, model: str = "gbdt", features: FeatureC
     end = arrays.n_bins * arrays.bin_h  # labels of instances before end - horizon are known
     train_h, cal_h = round(train_days * 24), round(calibrate_days * 24)
     if train_h < fc.window_h + fc.horizon_h:
-        raise HealthError(f"--train-days {train_days:g} is shorter than a window plus the horizon "
-                          f"({(fc.window_h + fc.horizon_h) / 24:g} days)")
+        raise HealthError(
+            f"--train-days {train_days:g} is shorter than a window plus the horizon "
+            f"({(fc.window_h + fc.horizon_h) / 24:g} days)"
+        )
     if train_h + cal_h + fc.horizon_h > end:
-        raise HealthError(f"the telemetry covers {arrays.hours / 24:.1f} days, too few for {train_days:g} training "
-                          f"+ {calibrate_days:g} calibration days + the {fc.horizon_h} h horizon")
+        raise HealthError(
+            f"the telemetry covers {arrays.hours / 24:.1f} days, too few for {train_days:g} training "
+            f"+ {calibrate_days:g} calibration days + the {fc.horizon_h} h horizon"
+        )
     calibration = None
     if cal_h:
         cal_start = end - fc.horizon_h - cal_h
-        early = _fit(model, training_samples(arrays, fc, cal_start - train_h, cal_start, negative_rate, seed),
-                     budget, seed, torch_options, negative_rate)
+        early = _fit(
+            model,
+            training_samples(arrays, fc, cal_start - train_h, cal_start, negative_rate, seed),
+            budget,
+            seed,
+            torch_options,
+            negative_rate,
+        )
         gpu, hour = candidate_instances(arrays, fc, cal_start, end - fc.horizon_h, every_h=24)
         held = build_samples(arrays, gpu, hour, fc)
         s = np.asarray(early.score(held), dtype=np.float64)
@@ -140,11 +176,23 @@ def train_predictor(arrays: FleetArrays, model: str = "gbdt", features: FeatureC
     fitted = _fit(model, train, budget, seed, torch_options, negative_rate)
     start = arrays.start
     return Predictor(
-        model=fitted, model_name=model, features=fc, bin_h=arrays.bin_h, budget=budget, calibration=calibration,
-        trained={"source": source, "gpus": arrays.gpus, "instances": len(train), "positives": int(train.y.sum()),
-                 "from": (start + timedelta(hours=end - train_h)).isoformat(),
-                 "to": (start + timedelta(hours=end)).isoformat(), "end_hour": end,
-                 "fleet_start": start.isoformat(), "fleet_meta": arrays.meta},
+        model=fitted,
+        model_name=model,
+        features=fc,
+        bin_h=arrays.bin_h,
+        budget=budget,
+        calibration=calibration,
+        trained={
+            "source": source,
+            "gpus": arrays.gpus,
+            "instances": len(train),
+            "positives": int(train.y.sum()),
+            "from": (start + timedelta(hours=end - train_h)).isoformat(),
+            "to": (start + timedelta(hours=end)).isoformat(),
+            "end_hour": end,
+            "fleet_start": start.isoformat(),
+            "fleet_meta": arrays.meta,
+        },
     )
 
 
@@ -161,25 +209,33 @@ def _isotonic(scores: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return np.asarray(iso.X_thresholds_, dtype=np.float64), np.asarray(iso.y_thresholds_, dtype=np.float64)
 
 
-def predict_latest(predictor: Predictor, arrays: FleetArrays, top: int = 20, at_hour: int | None = None
-                   ) -> pl.DataFrame:
+def predict_latest(
+    predictor: Predictor, arrays: FleetArrays, top: int = 20, at_hour: int | None = None
+) -> pl.DataFrame:
     """The ``top`` GPUs most likely to fail, scored at the last bin boundary (or ``at_hour``)."""
     hour = at_hour if at_hour is not None else arrays.n_bins * arrays.bin_h
     hour -= hour % arrays.bin_h
     gpu, hours = candidate_instances(arrays, predictor.features, hour, hour + 1)
     if len(gpu) == 0:
-        raise HealthError(f"no GPU reported in the hour before {arrays.start + timedelta(hours=hour)} "
-                          f"or the telemetry is shorter than the {predictor.features.window_h} h window")
+        raise HealthError(
+            f"no GPU reported in the hour before {arrays.start + timedelta(hours=hour)} "
+            f"or the telemetry is shorter than the {predictor.features.window_h} h window"
+        )
     s = predictor.scores(arrays, gpu, hours)
     order = np.argsort(-s, kind="stable")[:top]
     prob = predictor.probability(s[order])
-    return pl.DataFrame({
-        "rank": np.arange(1, len(order) + 1), "gpu": gpu[order], "node": arrays.node[gpu[order]],
-        "time": [arrays.start + timedelta(hours=int(hour))] * len(order), "score": s[order],
-        "probability": prob,
-        # the predictor's own budget decides which of these it would alert on in a round
-        "alert": (np.arange(len(order)) < max(1, round(predictor.budget * len(gpu)))) & np.isfinite(s[order]),
-    })
+    return pl.DataFrame(
+        {
+            "rank": np.arange(1, len(order) + 1),
+            "gpu": gpu[order],
+            "node": arrays.node[gpu[order]],
+            "time": [arrays.start + timedelta(hours=int(hour))] * len(order),
+            "score": s[order],
+            "probability": prob,
+            # the predictor's own budget decides which of these it would alert on in a round
+            "alert": (np.arange(len(order)) < max(1, round(predictor.budget * len(gpu)))) & np.isfinite(s[order]),
+        }
+    )
 
 
 def rolling_alerts(predictor: Predictor, arrays: FleetArrays, start_h: int = 0, every_h: int = 24) -> pl.DataFrame:
@@ -192,8 +248,7 @@ def rolling_alerts(predictor: Predictor, arrays: FleetArrays, start_h: int = 0, 
             continue
         sc = predictor.scores(arrays, gpu, hour)
         hit = top_k_per_round(hour, sc, predictor.budget)
-        rows.append(pl.DataFrame({"gpu": gpu[hit], "node": arrays.node[gpu[hit]], "hour": hour[hit],
-                                  "score": sc[hit]}))
+        rows.append(pl.DataFrame({"gpu": gpu[hit], "node": arrays.node[gpu[hit]], "hour": hour[hit], "score": sc[hit]}))
     if not rows:
         return pl.DataFrame(schema={"gpu": pl.Int64, "node": pl.Int64, "hour": pl.Int64, "score": pl.Float64})
     return pl.concat(rows)

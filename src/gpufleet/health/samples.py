@@ -39,9 +39,14 @@ class Samples:
     def take(self, index: np.ndarray) -> Samples:
         """The instances at ``index`` (an integer index or a boolean mask)."""
         return Samples(
-            gpu=self.gpu[index], time=self.time[index], tabular=self.tabular[index], sequence=self.sequence[index],
-            y=None if self.y is None else self.y[index], feature_names=self.feature_names,
-            channel_names=self.channel_names, lead_h=None if self.lead_h is None else self.lead_h[index],
+            gpu=self.gpu[index],
+            time=self.time[index],
+            tabular=self.tabular[index],
+            sequence=self.sequence[index],
+            y=None if self.y is None else self.y[index],
+            feature_names=self.feature_names,
+            channel_names=self.channel_names,
+            lead_h=None if self.lead_h is None else self.lead_h[index],
         )
 
     @staticmethod
@@ -53,9 +58,12 @@ class Samples:
         has_y = all(p.y is not None for p in parts)
         has_lead = all(p.lead_h is not None for p in parts)
         return Samples(
-            gpu=np.concatenate([p.gpu for p in parts]), time=np.concatenate([p.time for p in parts]),
-            tabular=np.concatenate([p.tabular for p in parts]), sequence=np.concatenate([p.sequence for p in parts]),
-            y=np.concatenate([p.y for p in parts]) if has_y else None, feature_names=first.feature_names,
+            gpu=np.concatenate([p.gpu for p in parts]),
+            time=np.concatenate([p.time for p in parts]),
+            tabular=np.concatenate([p.tabular for p in parts]),
+            sequence=np.concatenate([p.sequence for p in parts]),
+            y=np.concatenate([p.y for p in parts]) if has_y else None,
+            feature_names=first.feature_names,
             channel_names=first.channel_names,
             lead_h=np.concatenate([p.lead_h for p in parts]) if has_lead else None,
         )

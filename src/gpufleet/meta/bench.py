@@ -46,8 +46,16 @@ def _launch(ranks: int, args: list[str], log: Callable[[str], None]) -> float:
     if ranks == 1:
         cmd = [sys.executable, "-m", "gpufleet.meta.worker", *args]
     else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
-               "-m", "gpufleet.meta.worker", *args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={ranks}",
+            "-m",
+            "gpufleet.meta.worker",
+            *args,
+        ]
     threads = max(1, (os.cpu_count() or 1) // ranks)
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     start = time.perf_counter()
@@ -81,11 +89,29 @@ def _summarise(stats: dict[str, Any], launch_s: float) -> dict[str, Any]:
     }
 
 
-def _train_args(config: BenchConfig, tasks: Path, trainer: str, out: Path, stats: Path,
-                max_steps: int | None) -> list[str]:
-    args = [str(tasks), "--trainer", trainer, "--model", config.model, "--maml", config.maml,
-            "--epochs", str(config.epochs), "--tasks-per-step", str(config.tasks_per_step),
-            "--seed", str(config.seed), "-o", str(out), "--stats", str(stats), *config.extra_args]
+def _train_args(
+    config: BenchConfig, tasks: Path, trainer: str, out: Path, stats: Path, max_steps: int | None
+) -> list[str]:
+    args = [
+        str(tasks),
+        "--trainer",
+        trainer,
+        "--model",
+        config.model,
+        "--maml",
+        config.maml,
+        "--epochs",
+        str(config.epochs),
+        "--tasks-per-step",
+        str(config.tasks_per_step),
+        "--seed",
+        str(config.seed),
+        "-o",
+        str(out),
+        "--stats",
+        str(stats),
+        *config.extra_args,
+    ]
     if max_steps is not None:
         args += ["--max-steps", str(max_steps)]
     return args
@@ -106,12 +132,15 @@ def run_bench(config: BenchConfig, log: Callable[[str], None] = print) -> dict[s
         for trainer in TRAINERS:
             for ranks in config.ranks:
                 stats_path = tmp / f"{trainer}-{ranks}.json"
-                launch = _launch(ranks, _train_args(config, tasks, trainer, tmp / "m.pt", stats_path, config.steps),
-                                 log)
+                launch = _launch(
+                    ranks, _train_args(config, tasks, trainer, tmp / "m.pt", stats_path, config.steps), log
+                )
                 throughput[trainer][ranks] = _summarise(json.loads(stats_path.read_text()), launch)
-        result: dict[str, Any] = {"config": {k: str(v) if isinstance(v, Path) else v
-                                             for k, v in config.__dict__.items()},
-                                  "throughput": throughput, "cpu_count": os.cpu_count()}
+        result: dict[str, Any] = {
+            "config": {k: str(v) if isinstance(v, Path) else v for k, v in config.__dict__.items()},
+            "throughput": throughput,
+            "cpu_count": os.cpu_count(),
+        }
         if config.accuracy:
             result["accuracy"] = _accuracy(config, tasks, tmp, log)
         return result
@@ -131,8 +160,11 @@ def _accuracy(config: BenchConfig, tasks: Path, tmp: Path, log: Callable[[str], 
         stats = tmp / f"{trainer}-{ranks}-full.json"
         launch = _launch(ranks, _train_args(config, tasks, trainer, model, stats, None), log)
         scores = evaluate_model(LoadedModel.load(model), cold)
-        out[f"{trainer}@{ranks}"] = {**scores.to_json(), "train_wall_s": json.loads(stats.read_text())["wall_s"],
-                                     "launch_s": launch}
+        out[f"{trainer}@{ranks}"] = {
+            **scores.to_json(),
+            "train_wall_s": json.loads(stats.read_text())["wall_s"],
+            "launch_s": launch,
+        }
     plain_cfg = BenchConfig(**{**config.__dict__, "maml": "none"})
     model = tmp / "plain.pt"
     _launch(1, _train_args(plain_cfg, tasks, "gmeta", model, tmp / "plain.json", None), log)
@@ -140,8 +172,9 @@ def _accuracy(config: BenchConfig, tasks: Path, tmp: Path, log: Callable[[str], 
     plain_wall = json.loads((tmp / "plain.json").read_text())["wall_s"]
     out["plain"] = {**evaluate_model(plain, cold, MamlConfig(order="none")).to_json(), "train_wall_s": plain_wall}
     reference = LoadedModel.load(tmp / f"gmeta-{config.ranks[0]}.pt")
-    out["plain_finetuned"] = evaluate_model(plain, cold, MamlConfig(order="first", inner_lr=reference.maml.inner_lr,
-                                                                     inner_steps=reference.maml.inner_steps)).to_json()
+    out["plain_finetuned"] = evaluate_model(
+        plain, cold, MamlConfig(order="first", inner_lr=reference.maml.inner_lr, inner_steps=reference.maml.inner_steps)
+    ).to_json()
     out["plain_finetuned"]["train_wall_s"] = plain_wall
     return out
 
@@ -153,8 +186,17 @@ def print_bench(result: dict[str, Any], console: Any) -> None:
     tp = result["throughput"]
     ranks = sorted(int(r) for r in tp["gmeta"])
     table = Table(title=f"meta-training throughput ({result['cpu_count']} CPU cores, gloo)")
-    for col in ("trainer", "ranks", "tasks/s", "samples/s per rank", "comm %", "data wait %", "compute %",
-                "scaling vs 1 rank", "× naive"):
+    for col in (
+        "trainer",
+        "ranks",
+        "tasks/s",
+        "samples/s per rank",
+        "comm %",
+        "data wait %",
+        "compute %",
+        "scaling vs 1 rank",
+        "× naive",
+    ):
         table.add_column(col, justify="left" if col == "trainer" else "right")
     for trainer in TRAINERS:
         base = tp[trainer].get(ranks[0]) or tp[trainer].get(str(ranks[0]))
@@ -163,12 +205,17 @@ def print_bench(result: dict[str, Any], console: Any) -> None:
             naive = tp["naive"].get(r) or tp["naive"].get(str(r))
             per_rank = row["samples_per_s_per_rank"]
             wall = row["wall_s"] or 1.0
-            table.add_row(trainer, str(r), f"{row['tasks_per_s']:.1f}",
-                          f"{sum(per_rank) / len(per_rank):,.0f}",
-                          f"{100 * row['comm_s'] / wall:.0f}", f"{100 * row['data_wait_s'] / wall:.0f}",
-                          f"{100 * row['compute_s'] / wall:.0f}",
-                          f"{row['tasks_per_s'] / base['tasks_per_s']:.2f}×",
-                          f"{row['tasks_per_s'] / naive['tasks_per_s']:.2f}×")
+            table.add_row(
+                trainer,
+                str(r),
+                f"{row['tasks_per_s']:.1f}",
+                f"{sum(per_rank) / len(per_rank):,.0f}",
+                f"{100 * row['comm_s'] / wall:.0f}",
+                f"{100 * row['data_wait_s'] / wall:.0f}",
+                f"{100 * row['compute_s'] / wall:.0f}",
+                f"{row['tasks_per_s'] / base['tasks_per_s']:.2f}×",
+                f"{row['tasks_per_s'] / naive['tasks_per_s']:.2f}×",
+            )
     console.print(table)
     if "accuracy" not in result:
         return
@@ -178,7 +225,12 @@ def print_bench(result: dict[str, Any], console: Any) -> None:
         table.add_column(col, justify="left" if col == "model" else "right")
     ref = next(v for k, v in acc.items() if k.startswith("gmeta@"))
     for name, row in acc.items():
-        table.add_row(name, f"{row['auc']:.4f}", f"{row['gauc']:.4f}", f"{row['ndcg_at_10']:.4f}",
-                      f"{row['auc'] - ref['auc']:+.4f}",
-                      f"{row.get('train_wall_s', float('nan')):.1f}")
+        table.add_row(
+            name,
+            f"{row['auc']:.4f}",
+            f"{row['gauc']:.4f}",
+            f"{row['ndcg_at_10']:.4f}",
+            f"{row['auc'] - ref['auc']:+.4f}",
+            f"{row.get('train_wall_s', float('nan')):.1f}",
+        )
     console.print(table)

@@ -54,8 +54,16 @@ def shard_name(rank: int, world: int) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ save
-def save_checkpoint(ckpt_dir: str | Path, step: int, *, embedding: ShardedEmbedding, dense_state: dict[str, Any],
-                    optimizer_state: dict[str, Any], extra: dict[str, Any], keep: int = 2) -> Path:
+def save_checkpoint(
+    ckpt_dir: str | Path,
+    step: int,
+    *,
+    embedding: ShardedEmbedding,
+    dense_state: dict[str, Any],
+    optimizer_state: dict[str, Any],
+    extra: dict[str, Any],
+    keep: int = 2,
+) -> Path:
     """Write checkpoint ``step`` of every rank into ``ckpt_dir`` (collective: all ranks call it); returns its dir.
 
     Rank 0 also writes the dense state (it is replicated), publishes the checkpoint atomically and then deletes
@@ -94,8 +102,10 @@ def _check_plain(value: Any, where: str) -> None:
         for i, v in enumerate(value):
             _check_plain(v, f"{where}[{i}]")
     elif not isinstance(value, _PLAIN):
-        raise MetaError(f"{where} is a {type(value).__name__}: a checkpoint holds only tensors, numbers, strings and "
-                        "lists or dicts of them (convert it, e.g. with .tolist() or str())")
+        raise MetaError(
+            f"{where} is a {type(value).__name__}: a checkpoint holds only tensors, numbers, strings and "
+            "lists or dicts of them (convert it, e.g. with .tolist() or str())"
+        )
 
 
 def _barrier(embedding: ShardedEmbedding) -> None:
@@ -112,9 +122,17 @@ def _prepare_tmp(root: Path, tmp: Path) -> None:
 
 
 def _write_shard(tmp: Path, embedding: ShardedEmbedding) -> None:
-    payload = {"format": FORMAT, "version": VERSION, "rank": embedding.rank, "world": embedding.world,
-               "num_rows": embedding.num_rows, "dim": embedding.dim, "ids": embedding.global_ids(),
-               "weight": embedding.weight.detach().cpu(), "adagrad_sum": embedding.adagrad_sum.detach().cpu()}
+    payload = {
+        "format": FORMAT,
+        "version": VERSION,
+        "rank": embedding.rank,
+        "world": embedding.world,
+        "num_rows": embedding.num_rows,
+        "dim": embedding.dim,
+        "ids": embedding.global_ids(),
+        "weight": embedding.weight.detach().cpu(),
+        "adagrad_sum": embedding.adagrad_sum.detach().cpu(),
+    }
     _write_with_digest(tmp / shard_name(embedding.rank, embedding.world), payload)
 
 
@@ -136,9 +154,17 @@ def _publish(root: Path, tmp: Path, step: int, embedding: ShardedEmbedding, keep
         sidecar = tmp / (name + DIGEST_SUFFIX)
         files[name] = json.loads(sidecar.read_text())
         sidecar.unlink()
-    manifest = {"format": FORMAT, "version": VERSION, "step": step, "world": embedding.world,
-                "num_rows": embedding.num_rows, "dim": embedding.dim, "shards": names[:-1], "files": files,
-                "saved_at": time.time()}
+    manifest = {
+        "format": FORMAT,
+        "version": VERSION,
+        "step": step,
+        "world": embedding.world,
+        "num_rows": embedding.num_rows,
+        "dim": embedding.dim,
+        "shards": names[:-1],
+        "files": files,
+        "saved_at": time.time(),
+    }
     _write_text(tmp / MANIFEST, json.dumps(manifest, indent=1))
     final = root / step_dir_name(step)
     if final.exists():  # saving a step again (e.g. after a resume): move the old copy aside first
@@ -229,15 +255,20 @@ def _read_manifest(step_dir: Path) -> dict[str, Any]:
     try:
         manifest = json.loads(path.read_text())
     except FileNotFoundError:
-        raise MetaError(f"{path} is missing: {step_dir} is not a complete checkpoint; resume from "
-                        "latest_checkpoint(<checkpoint dir>) instead") from None
+        raise MetaError(
+            f"{path} is missing: {step_dir} is not a complete checkpoint; resume from "
+            "latest_checkpoint(<checkpoint dir>) instead"
+        ) from None
     except (OSError, ValueError) as exc:
-        raise MetaError(f"{path} cannot be read ({exc}); resume from an earlier checkpoint or delete {step_dir}") \
-            from None
+        raise MetaError(
+            f"{path} cannot be read ({exc}); resume from an earlier checkpoint or delete {step_dir}"
+        ) from None
     if not _manifest_ok(manifest):
-        raise MetaError(f"{path} is not a valid gpufleet meta checkpoint manifest (format {FORMAT!r}, step, world, "
-                        "num_rows, dim, shards, files with size and sha256); point at a step-* directory written "
-                        "by save_checkpoint, or resume from an earlier one")
+        raise MetaError(
+            f"{path} is not a valid gpufleet meta checkpoint manifest (format {FORMAT!r}, step, world, "
+            "num_rows, dim, shards, files with size and sha256); point at a step-* directory written "
+            "by save_checkpoint, or resume from an earlier one"
+        )
     return manifest
 
 
@@ -247,9 +278,17 @@ def _manifest_ok(manifest: Any) -> bool:
         return False
     files = manifest["files"]
     names = [*manifest["shards"], DENSE] if isinstance(manifest["shards"], list) else None
-    return (isinstance(files, dict) and names is not None and len(manifest["shards"]) == manifest["world"]
-            and all(isinstance(files.get(n), dict) and isinstance(files[n].get("size"), int)
-                    and isinstance(files[n].get("sha256"), str) for n in names))
+    return (
+        isinstance(files, dict)
+        and names is not None
+        and len(manifest["shards"]) == manifest["world"]
+        and all(
+            isinstance(files.get(n), dict)
+            and isinstance(files[n].get("size"), int)
+            and isinstance(files[n].get("sha256"), str)
+            for n in names
+        )
+    )
 
 
 def _check_size(path: Path, entry: dict[str, Any]) -> None:
@@ -258,8 +297,10 @@ def _check_size(path: Path, entry: dict[str, Any]) -> None:
     except OSError:
         raise MetaError(f"{path} is missing from its checkpoint; resume from an earlier checkpoint") from None
     if size != entry["size"]:
-        raise MetaError(f"{path} is truncated or corrupt ({size} bytes, manifest says {entry['size']}); resume "
-                        "from an earlier checkpoint")
+        raise MetaError(
+            f"{path} is truncated or corrupt ({size} bytes, manifest says {entry['size']}); resume "
+            "from an earlier checkpoint"
+        )
 
 
 def _check_file(path: Path, entry: dict[str, Any], verify: bool) -> None:
@@ -269,8 +310,9 @@ def _check_file(path: Path, entry: dict[str, Any], verify: bool) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ load
-def load_checkpoint(path: str | Path, *, embedding: ShardedEmbedding,
-                    verify: bool = True) -> tuple[int, dict[str, Any], dict[str, Any], dict[str, Any]]:
+def load_checkpoint(
+    path: str | Path, *, embedding: ShardedEmbedding, verify: bool = True
+) -> tuple[int, dict[str, Any], dict[str, Any], dict[str, Any]]:
     """Restore ``embedding`` (any world size) from a step dir, or from a checkpoint dir's latest checkpoint.
 
     Returns ``(step, dense_state, optimizer_state, extra)``. Each rank reads every shard and keeps the rows it
@@ -284,13 +326,17 @@ def load_checkpoint(path: str | Path, *, embedding: ShardedEmbedding,
         _check_file(step_dir / name, manifest["files"][name], verify)
         _load_shard(step_dir / name, embedding, filled)
     if not bool(filled.all()):
-        raise MetaError(f"{step_dir} lacks {int((~filled).sum())} of rank {embedding.rank}'s rows; the checkpoint "
-                        "is incomplete: resume from an earlier one")
+        raise MetaError(
+            f"{step_dir} lacks {int((~filled).sum())} of rank {embedding.rank}'s rows; the checkpoint "
+            "is incomplete: resume from an earlier one"
+        )
     _check_file(step_dir / DENSE, manifest["files"][DENSE], verify)
     dense = _torch_load(step_dir / DENSE)
     if not {"dense_state", "optimizer_state", "extra"} <= dense.keys():
-        raise MetaError(f"{step_dir / DENSE} lacks dense_state, optimizer_state or extra; the file is corrupt: "
-                        "resume from an earlier checkpoint")
+        raise MetaError(
+            f"{step_dir / DENSE} lacks dense_state, optimizer_state or extra; the file is corrupt: "
+            "resume from an earlier checkpoint"
+        )
     return int(manifest["step"]), dense["dense_state"], dense["optimizer_state"], dense["extra"]
 
 
@@ -299,17 +345,21 @@ def _resolve(path: Path) -> Path:
         return path
     found = latest_checkpoint(path)
     if found is None:
-        raise MetaError(f"{path} holds no complete checkpoint (no step-* directory with a valid {MANIFEST}); "
-                        "check the path or start without resuming")
+        raise MetaError(
+            f"{path} holds no complete checkpoint (no step-* directory with a valid {MANIFEST}); "
+            "check the path or start without resuming"
+        )
     return found
 
 
 def _check_shape(manifest_path: Path, manifest: dict[str, Any], embedding: ShardedEmbedding) -> None:
     saved, expected = (manifest["num_rows"], manifest["dim"]), (embedding.num_rows, embedding.dim)
     if tuple(saved) != expected:
-        raise MetaError(f"{manifest_path}: the saved embedding table is num_rows={saved[0]} x dim={saved[1]} but "
-                        f"this model expects num_rows={expected[0]} x dim={expected[1]}; resume with the same "
-                        "prepared folder and embedding dim, or use a new checkpoint directory")
+        raise MetaError(
+            f"{manifest_path}: the saved embedding table is num_rows={saved[0]} x dim={saved[1]} but "
+            f"this model expects num_rows={expected[0]} x dim={expected[1]}; resume with the same "
+            "prepared folder and embedding dim, or use a new checkpoint directory"
+        )
 
 
 def _load_shard(path: Path, embedding: ShardedEmbedding, filled: torch.Tensor) -> None:
@@ -319,8 +369,10 @@ def _load_shard(path: Path, embedding: ShardedEmbedding, filled: torch.Tensor) -
     n = ids.shape[0] if isinstance(ids, torch.Tensor) and ids.dim() == 1 else -1
     shape = (n, embedding.dim)
     if n < 0 or not all(isinstance(t, torch.Tensor) and tuple(t.shape) == shape for t in (weight, acc)):
-        raise MetaError(f"{path} does not hold ids [n] with weight and adagrad_sum [n, {embedding.dim}]; the file "
-                        "is corrupt: resume from an earlier checkpoint")
+        raise MetaError(
+            f"{path} does not hold ids [n] with weight and adagrad_sum [n, {embedding.dim}]; the file "
+            "is corrupt: resume from an earlier checkpoint"
+        )
     mine = ids % embedding.world == embedding.rank
     local = ids[mine] // embedding.world
     with torch.no_grad():
@@ -336,16 +388,19 @@ def _torch_load(path: Path, *, mmap: bool = False) -> dict[str, Any]:
     except FileNotFoundError:
         raise MetaError(f"{path} is missing; resume from an earlier checkpoint") from None
     except Exception as exc:  # torch.load raises RuntimeError, UnpicklingError, EOFError, ... on bad files
-        raise MetaError(f"{path} cannot be read ({why_unreadable(exc)}); the file is corrupt or not "
-                        "written by gpufleet: resume from an earlier checkpoint or re-export") from None
+        raise MetaError(
+            f"{path} cannot be read ({why_unreadable(exc)}); the file is corrupt or not "
+            "written by gpufleet: resume from an earlier checkpoint or re-export"
+        ) from None
     if not isinstance(data, dict):
         raise MetaError(f"{path} does not hold a dict; it was not written by gpufleet")
     return data
 
 
 # ---------------------------------------------------------------------------------------------- export
-def export_model(path: str | Path, *, embedding: ShardedEmbedding, dense_state: dict[str, Any],
-                 meta: dict[str, Any]) -> Path:
+def export_model(
+    path: str | Path, *, embedding: ShardedEmbedding, dense_state: dict[str, Any], meta: dict[str, Any]
+) -> Path:
     """Write one file with the full table, the dense state and JSON-able ``meta`` (collective; rank 0 writes)."""
     try:
         json.dumps(meta)
@@ -356,8 +411,18 @@ def export_model(path: str | Path, *, embedding: ShardedEmbedding, dense_state: 
     if embedding.rank == 0:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
-        torch.save({"format": MODEL_FORMAT, "version": VERSION, "num_rows": embedding.num_rows,
-                    "dim": embedding.dim, "table": table, "dense_state": dense_state, "meta": meta}, tmp)
+        torch.save(
+            {
+                "format": MODEL_FORMAT,
+                "version": VERSION,
+                "num_rows": embedding.num_rows,
+                "dim": embedding.dim,
+                "table": table,
+                "dense_state": dense_state,
+                "meta": meta,
+            },
+            tmp,
+        )
         os.replace(tmp, path)
     _barrier(embedding)
     return path
@@ -368,6 +433,8 @@ def load_exported(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     data = _torch_load(path)
     if data.get("format") != MODEL_FORMAT or not isinstance(data.get("table"), torch.Tensor):
-        raise MetaError(f"{path} is not a gpufleet meta model (format {data.get('format')!r}); pass a file "
-                        "written by export_model (the train command's exported model)")
+        raise MetaError(
+            f"{path} is not a gpufleet meta model (format {data.get('format')!r}); pass a file "
+            "written by export_model (the train command's exported model)"
+        )
     return data

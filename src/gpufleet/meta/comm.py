@@ -61,8 +61,10 @@ class CommTimer:
 
     def as_dict(self) -> dict[str, dict[str, float]]:
         """``{kind: {"seconds", "bytes", "calls"}}`` for reports and JSON."""
-        return {k: {"seconds": self.seconds[k], "bytes": self.bytes[k], "calls": self.calls[k]}
-                for k in sorted(self.seconds)}
+        return {
+            k: {"seconds": self.seconds[k], "bytes": self.bytes[k], "calls": self.calls[k]}
+            for k in sorted(self.seconds)
+        }
 
     @property
     def total_seconds(self) -> float:
@@ -84,9 +86,16 @@ def world_and_rank(group: dist.ProcessGroup | None = None) -> tuple[int, int]:
     return dist.get_world_size(group), dist.get_rank(group)
 
 
-def all_to_all(out: torch.Tensor, inp: torch.Tensor, out_splits: Sequence[int] | None = None,
-               in_splits: Sequence[int] | None = None, *, group: dist.ProcessGroup | None = None,
-               timer: CommTimer | None = None, kind: str = ALL_TO_ALL) -> torch.Tensor:
+def all_to_all(
+    out: torch.Tensor,
+    inp: torch.Tensor,
+    out_splits: Sequence[int] | None = None,
+    in_splits: Sequence[int] | None = None,
+    *,
+    group: dist.ProcessGroup | None = None,
+    timer: CommTimer | None = None,
+    kind: str = ALL_TO_ALL,
+) -> torch.Tensor:
     """Timed ``dist.all_to_all_single`` (not differentiable; use ``AllToAll`` for vectors that need grads)."""
     timer = _DEFAULT_TIMER if timer is None else timer
     with timer.timed(kind, inp):
@@ -102,8 +111,14 @@ class AllToAll(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, out_splits: list[int], in_splits: list[int],  # type: ignore[override]
-                group: dist.ProcessGroup | None = None, timer: CommTimer | None = None) -> torch.Tensor:
+    def forward(
+        ctx,
+        x: torch.Tensor,
+        out_splits: list[int],
+        in_splits: list[int],  # type: ignore[override]
+        group: dist.ProcessGroup | None = None,
+        timer: CommTimer | None = None,
+    ) -> torch.Tensor:
         ctx.splits = (list(out_splits), list(in_splits))
         ctx.group, ctx.timer = group, timer
         out = x.new_empty((sum(out_splits), *x.shape[1:]))
@@ -117,8 +132,9 @@ class AllToAll(torch.autograd.Function):
         return grad_in, None, None, None, None
 
 
-def all_reduce_sum_(tensors: Sequence[torch.Tensor], *, group: dist.ProcessGroup | None = None,
-                    timer: CommTimer | None = None) -> None:
+def all_reduce_sum_(
+    tensors: Sequence[torch.Tensor], *, group: dist.ProcessGroup | None = None, timer: CommTimer | None = None
+) -> None:
     """Sum ``tensors`` over all ranks in place, as ONE flattened buffer (one collective per call).
 
     All tensors must share dtype and device. A no-op with one rank or no process group.
@@ -136,5 +152,5 @@ def all_reduce_sum_(tensors: Sequence[torch.Tensor], *, group: dist.ProcessGroup
     offset = 0
     for t in tensors:
         n = t.numel()
-        t.detach().copy_(flat[offset:offset + n].view(t.shape))
+        t.detach().copy_(flat[offset : offset + n].view(t.shape))
         offset += n

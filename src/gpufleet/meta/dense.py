@@ -52,8 +52,7 @@ def mlp(sizes: list[int], final_activation: bool) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
-def apply_mlp(seq: nn.Sequential, prefix: str, params: dict[str, torch.Tensor] | None,
-              x: torch.Tensor) -> torch.Tensor:
+def apply_mlp(seq: nn.Sequential, prefix: str, params: dict[str, torch.Tensor] | None, x: torch.Tensor) -> torch.Tensor:
     """Run ``seq`` on ``x``; with ``params`` its linear layers use per-task weights ``params[f"{prefix}.{i}.weight"]``
     of shape [T, out, in] on inputs [T, ..., in] (one batched matmul per layer for all tasks)."""
     if params is None:
@@ -87,8 +86,9 @@ class DLRMDense(nn.Module):
     def forward(self, emb: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
         return self.forward_with(None, emb, dense)
 
-    def forward_with(self, params: dict[str, torch.Tensor] | None, emb: torch.Tensor,
-                     dense: torch.Tensor) -> torch.Tensor:
+    def forward_with(
+        self, params: dict[str, torch.Tensor] | None, emb: torch.Tensor, dense: torch.Tensor
+    ) -> torch.Tensor:
         """Forward with the module's parameters (``params`` None) or per-task ones ([T, ...], inputs [T, ...])."""
         if self.bottom is not None:
             x = apply_mlp(self.bottom, "bottom", params, dense)
@@ -113,8 +113,9 @@ class MeLUDense(nn.Module):
     def forward(self, emb: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
         return self.forward_with(None, emb, dense)
 
-    def forward_with(self, params: dict[str, torch.Tensor] | None, emb: torch.Tensor,
-                     dense: torch.Tensor) -> torch.Tensor:
+    def forward_with(
+        self, params: dict[str, torch.Tensor] | None, emb: torch.Tensor, dense: torch.Tensor
+    ) -> torch.Tensor:
         """Forward with the module's parameters (``params`` None) or per-task ones ([T, ...], inputs [T, ...])."""
         return apply_mlp(self.decide, "decide", params, torch.cat([emb.flatten(-2), dense], dim=-1)).squeeze(-1)
 

@@ -36,7 +36,7 @@ def init_rows(num_rows: int, dim: int, world: int, rank: int, *, std: float, see
     parts = []
     for start in range(0, num_rows, INIT_CHUNK_ROWS):
         chunk = torch.empty(min(INIT_CHUNK_ROWS, num_rows - start), dim).normal_(0.0, std, generator=gen)
-        parts.append(chunk[(rank - start) % world::world])
+        parts.append(chunk[(rank - start) % world :: world])
     return torch.cat(parts) if parts else torch.empty(0, dim)
 
 
@@ -47,13 +47,23 @@ class ShardedEmbedding(torch.nn.Module):
     Adagrad accumulator of the same shape (not in ``state_dict``: save it with ``checkpoint.save_checkpoint``).
     """
 
-    def __init__(self, num_rows: int, dim: int, *, init_std: float = 0.01, seed: int = 0,
-                 group: dist.ProcessGroup | None = None, device: torch.device | str | None = None,
-                 timer: CommTimer | None = None) -> None:
+    def __init__(
+        self,
+        num_rows: int,
+        dim: int,
+        *,
+        init_std: float = 0.01,
+        seed: int = 0,
+        group: dist.ProcessGroup | None = None,
+        device: torch.device | str | None = None,
+        timer: CommTimer | None = None,
+    ) -> None:
         super().__init__()
         if num_rows < 1 or dim < 1:
-            raise MetaError(f"embedding table needs num_rows >= 1 and dim >= 1, got {num_rows} x {dim}; "
-                            "check num_rows in the prepared folder's meta.json and the embedding dim option")
+            raise MetaError(
+                f"embedding table needs num_rows >= 1 and dim >= 1, got {num_rows} x {dim}; "
+                "check num_rows in the prepared folder's meta.json and the embedding dim option"
+            )
         self.num_rows, self.dim = int(num_rows), int(dim)
         self.group = group
         self.world, self.rank = world_and_rank(group)
@@ -123,13 +133,20 @@ class ShardedEmbedding(torch.nn.Module):
         lo, hi = (int(v) for v in torch.aminmax(ids)) if ids.numel() else (0, 0)
         if lo < 0 or hi >= self.num_rows:
             bad = lo if lo < 0 else hi
-            raise MetaError(f"embedding id {bad} is outside the table's {self.num_rows} rows: the task records do "
-                            "not match this model; check num_rows in the prepared folder's meta.json or re-run "
-                            "prepare")
+            raise MetaError(
+                f"embedding id {bad} is outside the table's {self.num_rows} rows: the task records do "
+                "not match this model; check num_rows in the prepared folder's meta.json or re-run "
+                "prepare"
+            )
         return ids
 
-    def _exchange(self, out: torch.Tensor, inp: torch.Tensor, out_splits: list[int] | None = None,
-                  in_splits: list[int] | None = None) -> torch.Tensor:
+    def _exchange(
+        self,
+        out: torch.Tensor,
+        inp: torch.Tensor,
+        out_splits: list[int] | None = None,
+        in_splits: list[int] | None = None,
+    ) -> torch.Tensor:
         return all_to_all(out, inp, out_splits, in_splits, group=self.group, timer=self.timer)
 
     # -------------------------------------------------------------------------------------- optimizer
@@ -176,13 +193,15 @@ class ShardedEmbedding(torch.nn.Module):
         """Keep this rank's rows of a full ``num_rows × dim`` table (and Adagrad sum; None resets it to 0)."""
         for name, t in (("table", table), ("adagrad state", state)):
             if t is not None and tuple(t.shape) != (self.num_rows, self.dim):
-                raise MetaError(f"{name} has shape {tuple(t.shape)} but this model's embedding is "
-                                f"{self.num_rows} x {self.dim}; load a file exported for the same prepared folder")
-        self.weight.copy_(table[self.rank::self.world])
+                raise MetaError(
+                    f"{name} has shape {tuple(t.shape)} but this model's embedding is "
+                    f"{self.num_rows} x {self.dim}; load a file exported for the same prepared folder"
+                )
+        self.weight.copy_(table[self.rank :: self.world])
         if state is None:
             self.adagrad_sum.zero_()
         else:
-            self.adagrad_sum.copy_(state[self.rank::self.world])
+            self.adagrad_sum.copy_(state[self.rank :: self.world])
 
     def _gather_rows(self, local: torch.Tensor) -> torch.Tensor:
         if self.world == 1:
@@ -195,5 +214,5 @@ class ShardedEmbedding(torch.nn.Module):
             dist.all_gather(parts, padded, group=self.group)
         full = local.new_empty(self.num_rows, self.dim)
         for r, part in enumerate(parts):
-            full[r::self.world] = part[: local_row_count(self.num_rows, self.world, r)]
+            full[r :: self.world] = part[: local_row_count(self.num_rows, self.world, r)]
         return full

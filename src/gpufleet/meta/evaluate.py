@@ -40,8 +40,9 @@ class LoadedModel:
             config = ModelConfig.from_json(meta["model"])
             maml = MamlConfig(**meta["maml"])
         except (KeyError, TypeError) as exc:
-            raise MetaError(f"{path}: not a gpufleet meta model (missing {exc}); train one with "
-                            "`python -m gpufleet.meta.worker`") from exc
+            raise MetaError(
+                f"{path}: not a gpufleet meta model (missing {exc}); train one with `python -m gpufleet.meta.worker`"
+            ) from exc
         model = build_model(config)
         model.load_state_dict(dense_state)
         model.eval()
@@ -52,8 +53,9 @@ def _query_scores(loaded: LoadedModel, batch: TaskBatch, maml: MamlConfig) -> li
     t = torch.from_numpy
     table = loaded.table[t(batch.unique_ids)]
     sup = (t(batch.sup_idx), t(batch.sup_dense), t(batch.sup_label), t(batch.sup_mask))
-    logits = adapted_logits(loaded.model, dense_params(loaded.model), table, sup, t(batch.qry_idx),
-                            t(batch.qry_dense), maml).numpy()
+    logits = adapted_logits(
+        loaded.model, dense_params(loaded.model), table, sup, t(batch.qry_idx), t(batch.qry_dense), maml
+    ).numpy()
     out = []
     for i in range(batch.num_tasks):
         mask = batch.qry_mask[i]
@@ -61,13 +63,16 @@ def _query_scores(loaded: LoadedModel, batch: TaskBatch, maml: MamlConfig) -> li
     return out
 
 
-def evaluate_model(loaded: LoadedModel, store: TaskStore, maml: MamlConfig | None = None,
-                   tasks_per_batch: int = 64) -> RankingScores:
+def evaluate_model(
+    loaded: LoadedModel, store: TaskStore, maml: MamlConfig | None = None, tasks_per_batch: int = 64
+) -> RankingScores:
     """Mean per-task AUC / NDCG@10 on ``store``'s tasks after k-shot adaptation with ``maml`` (default: as trained)."""
     maml = maml or loaded.maml
     if loaded.table.shape[0] != store.meta.num_rows:
-        raise MetaError(f"the model's table has {loaded.table.shape[0]} rows but the tasks need "
-                        f"{store.meta.num_rows}: evaluate on the folder the model was trained on")
+        raise MetaError(
+            f"the model's table has {loaded.table.shape[0]} rows but the tasks need "
+            f"{store.meta.num_rows}: evaluate on the folder the model was trained on"
+        )
     per_task: list[tuple[np.ndarray, np.ndarray]] = []
     for start in range(0, store.num_tasks, tasks_per_batch):
         indices = np.arange(start, min(start + tasks_per_batch, store.num_tasks))
@@ -81,6 +86,9 @@ def evaluate_with_baseline(model: LoadedModel, baseline: LoadedModel, store: Tas
     result: dict[str, Any] = evaluate_model(model, store).to_json()
     result["baseline"] = evaluate_model(baseline, store, MamlConfig(order="none")).to_json()
     result["baseline_finetuned"] = evaluate_model(baseline, store, adapt_like_meta).to_json()
-    result["adaptation"] = {"inner_lr": model.maml.inner_lr, "inner_steps": model.maml.inner_steps,
-                            "order": model.maml.order}
+    result["adaptation"] = {
+        "inner_lr": model.maml.inner_lr,
+        "inner_steps": model.maml.inner_steps,
+        "order": model.maml.order,
+    }
     return result

@@ -74,8 +74,9 @@ def parse_columns(text: str) -> dict[str, str]:
     Keys are ``user``, ``item``, ``label``, ``time`` and the lists ``sparse``/``dense`` (``|``-separated columns).
     Raises MetaError (:func:`gpufleet.colmap.parse_column_map`).
     """
-    return parse_column_map(text, keys=ROLES + LIST_ROLES, error=MetaError, example=_COLUMNS_EXAMPLE,
-                            pairs="role=column")
+    return parse_column_map(
+        text, keys=ROLES + LIST_ROLES, error=MetaError, example=_COLUMNS_EXAMPLE, pairs="role=column"
+    )
 
 
 def _check_key(key: str) -> None:

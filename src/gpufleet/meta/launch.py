@@ -14,8 +14,16 @@ def torchrun_command(ranks: int, module: str, args: list[str]) -> list[str]:
     """The command that runs ``python -m module args`` on ``ranks`` local processes under torchrun."""
     if ranks == 1:
         return [sys.executable, "-m", module, *args]
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
-            "-m", module, *args]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={ranks}",
+        "-m",
+        module,
+        *args,
+    ]
 
 
 def run_local(ranks: int, module: str, args: list[str]) -> int:

@@ -139,7 +139,6 @@ class TaskStore:
             qry_mask=qry[3],
         )
 
-
     def unique_ids(self, task_indices: Sequence[int] | np.ndarray) -> np.ndarray:
         """The deduplicated, sorted embedding ids of these tasks' support and query sets (``batch().unique_ids``)."""
         tasks = np.asarray(task_indices, dtype=np.int64).reshape(-1)
@@ -280,8 +279,9 @@ class MetaLoader:
 
     def iter_from(self, step: int) -> Iterator[TaskBatch]:
         """This epoch's batches from ``step`` on (resuming mid-epoch after a checkpoint)."""
-        steps = plan_steps(self.store.sizes, self.tasks_per_step, self.world, self.seed, self.epoch,
-                           self.drop_last)[step:]
+        steps = plan_steps(self.store.sizes, self.tasks_per_step, self.world, self.seed, self.epoch, self.drop_last)[
+            step:
+        ]
         if self.prefetch == 0:
             return (self._build(tasks) for tasks in steps)
         return _prefetched(self._build, steps, self.prefetch)
@@ -290,13 +290,16 @@ class MetaLoader:
         """This rank's batch of one step, with every rank's unique ids when ``peer_ids`` was asked for."""
         batch = self.store.batch(step_tasks[self.rank])
         if self.peer_ids:
-            batch.peer_ids = [batch.unique_ids if r == self.rank else self.store.unique_ids(tasks)
-                              for r, tasks in enumerate(step_tasks)]
+            batch.peer_ids = [
+                batch.unique_ids if r == self.rank else self.store.unique_ids(tasks)
+                for r, tasks in enumerate(step_tasks)
+            ]
         return batch
 
 
-def _prefetched(build: Callable[[list[np.ndarray]], TaskBatch], steps: list[list[np.ndarray]],
-                depth: int) -> Iterator[TaskBatch]:
+def _prefetched(
+    build: Callable[[list[np.ndarray]], TaskBatch], steps: list[list[np.ndarray]], depth: int
+) -> Iterator[TaskBatch]:
     """Yield batches built by a worker thread through a bounded queue; closing the generator stops the worker."""
     out: queue.Queue = queue.Queue(maxsize=depth)
     stop = threading.Event()
@@ -315,8 +318,12 @@ def _prefetched(build: Callable[[list[np.ndarray]], TaskBatch], steps: list[list
         worker.join()
 
 
-def _produce(build: Callable[[list[np.ndarray]], TaskBatch], steps: list[list[np.ndarray]], out: queue.Queue,
-             stop: threading.Event) -> None:
+def _produce(
+    build: Callable[[list[np.ndarray]], TaskBatch],
+    steps: list[list[np.ndarray]],
+    out: queue.Queue,
+    stop: threading.Event,
+) -> None:
     try:
         for step_tasks in steps:
             if not _put(out, build(step_tasks), stop):

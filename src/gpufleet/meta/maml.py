@@ -55,14 +55,21 @@ def dense_params(model: nn.Module) -> Params:
     return {name: p for name, p in model.named_parameters()}
 
 
-def _forward(model: nn.Module, params: Params, table: torch.Tensor, delta: torch.Tensor | None,
-             idx: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
+def _forward(
+    model: nn.Module,
+    params: Params,
+    table: torch.Tensor,
+    delta: torch.Tensor | None,
+    idx: torch.Tensor,
+    dense: torch.Tensor,
+) -> torch.Tensor:
     rows = table if delta is None else table + delta
     return functional_call(model, params, (rows[idx], dense))
 
 
-def adapt(model: nn.Module, params: Params, table: torch.Tensor, sup: tuple[torch.Tensor, ...],
-          config: MamlConfig) -> tuple[Params, torch.Tensor | None]:
+def adapt(
+    model: nn.Module, params: Params, table: torch.Tensor, sup: tuple[torch.Tensor, ...], config: MamlConfig
+) -> tuple[Params, torch.Tensor | None]:
     """Inner loop on one task's support set -> adapted parameters (and embedding delta when enabled)."""
     sup_idx, sup_dense, sup_label, sup_mask = sup
     fast = params
@@ -87,8 +94,14 @@ def adapt(model: nn.Module, params: Params, table: torch.Tensor, sup: tuple[torc
     return fast, delta
 
 
-def task_loss(model: nn.Module, params: Params, table: torch.Tensor, sup: tuple[torch.Tensor, ...],
-              qry: tuple[torch.Tensor, ...], config: MamlConfig) -> torch.Tensor:
+def task_loss(
+    model: nn.Module,
+    params: Params,
+    table: torch.Tensor,
+    sup: tuple[torch.Tensor, ...],
+    qry: tuple[torch.Tensor, ...],
+    config: MamlConfig,
+) -> torch.Tensor:
     """One task's outer loss: adapt on the support set, then the loss on the query set.
 
     For the plain model (``order="none"``) the loss covers support and query alike, weighted by their sizes.
@@ -100,8 +113,9 @@ def task_loss(model: nn.Module, params: Params, table: torch.Tensor, sup: tuple[
     return masked_bce(_forward(model, fast, table, delta, q_idx, q_dense), q_label, q_mask)
 
 
-def _plain_loss(model: nn.Module, params: Params, table: torch.Tensor, sup: tuple[torch.Tensor, ...],
-                qry: tuple[torch.Tensor, ...]) -> torch.Tensor:
+def _plain_loss(
+    model: nn.Module, params: Params, table: torch.Tensor, sup: tuple[torch.Tensor, ...], qry: tuple[torch.Tensor, ...]
+) -> torch.Tensor:
     total = torch.zeros((), dtype=table.dtype)
     count = torch.zeros((), dtype=table.dtype)
     for idx, dense, label, mask in (sup, qry):
@@ -137,8 +151,9 @@ def _per_task_params(params: Params, tasks: int) -> Params:
     return fast
 
 
-def adapt_batched(model: nn.Module, params: Params, table: torch.Tensor, sup: tuple[torch.Tensor, ...],
-                  config: MamlConfig) -> tuple[Params, torch.Tensor | None]:
+def adapt_batched(
+    model: nn.Module, params: Params, table: torch.Tensor, sup: tuple[torch.Tensor, ...], config: MamlConfig
+) -> tuple[Params, torch.Tensor | None]:
     """Inner loops of all T tasks at once: per-task weights [T, ...] and batched matmuls, plain autograd.
 
     Each task's support loss depends only on its own slice of the per-task weights, so one gradient of the
@@ -166,8 +181,14 @@ def adapt_batched(model: nn.Module, params: Params, table: torch.Tensor, sup: tu
     return fast, delta
 
 
-def task_losses(model: nn.Module, params: Params, table: torch.Tensor, sup: tuple[torch.Tensor, ...],
-                qry: tuple[torch.Tensor, ...], config: MamlConfig) -> torch.Tensor:
+def task_losses(
+    model: nn.Module,
+    params: Params,
+    table: torch.Tensor,
+    sup: tuple[torch.Tensor, ...],
+    qry: tuple[torch.Tensor, ...],
+    config: MamlConfig,
+) -> torch.Tensor:
     """Outer losses of all tasks of a batch at once -> tensor [T] (equal to ``task_loss`` per task).
 
     ``table`` holds the batch's deduplicated embedding rows [U, d], shared by every task; the sets' index
@@ -191,21 +212,35 @@ def task_losses(model: nn.Module, params: Params, table: torch.Tensor, sup: tupl
     return _per_task_bce(logits, q_label, q_mask)
 
 
-def task_losses_vmap(model: nn.Module, params: Params, table: torch.Tensor, sup: tuple[torch.Tensor, ...],
-                     qry: tuple[torch.Tensor, ...], config: MamlConfig) -> torch.Tensor:
+def task_losses_vmap(
+    model: nn.Module,
+    params: Params,
+    table: torch.Tensor,
+    sup: tuple[torch.Tensor, ...],
+    qry: tuple[torch.Tensor, ...],
+    config: MamlConfig,
+) -> torch.Tensor:
     """The same as ``task_losses`` through ``torch.func.vmap`` of ``task_loss`` (a second, independent path)."""
     if sup[0].shape[0] == 0:
         return table.new_zeros((0,))
 
     def one(s_idx, s_dense, s_label, s_mask, q_idx, q_dense, q_label, q_mask):
-        return task_loss(model, params, table, (s_idx, s_dense, s_label, s_mask),
-                         (q_idx, q_dense, q_label, q_mask), config)
+        return task_loss(
+            model, params, table, (s_idx, s_dense, s_label, s_mask), (q_idx, q_dense, q_label, q_mask), config
+        )
 
     return vmap(one)(*sup, *qry)
 
 
-def adapted_logits(model: nn.Module, params: Params, table: torch.Tensor, sup: tuple[torch.Tensor, ...],
-                   qry_idx: torch.Tensor, qry_dense: torch.Tensor, config: MamlConfig) -> torch.Tensor:
+def adapted_logits(
+    model: nn.Module,
+    params: Params,
+    table: torch.Tensor,
+    sup: tuple[torch.Tensor, ...],
+    qry_idx: torch.Tensor,
+    qry_dense: torch.Tensor,
+    config: MamlConfig,
+) -> torch.Tensor:
     """Query logits of every task after its inner loop on its support set -> [T, Q].
 
     This is k-shot adaptation at evaluation time; with ``order="none"`` the model scores without adapting.

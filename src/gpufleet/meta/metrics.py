@@ -49,8 +49,15 @@ class RankingScores:
     samples: int
 
     def to_json(self) -> dict[str, float | int]:
-        return {"auc": self.auc, "gauc": self.gauc, "ndcg_at_10": self.ndcg_at_10, "tasks": self.tasks,
-                "auc_tasks": self.auc_tasks, "ndcg_tasks": self.ndcg_tasks, "samples": self.samples}
+        return {
+            "auc": self.auc,
+            "gauc": self.gauc,
+            "ndcg_at_10": self.ndcg_at_10,
+            "tasks": self.tasks,
+            "auc_tasks": self.auc_tasks,
+            "ndcg_tasks": self.ndcg_tasks,
+            "samples": self.samples,
+        }
 
 
 def score_tasks(per_task: list[tuple[np.ndarray, np.ndarray]]) -> RankingScores:
@@ -58,9 +65,17 @@ def score_tasks(per_task: list[tuple[np.ndarray, np.ndarray]]) -> RankingScores:
     aucs = np.array([task_auc(s, y) for s, y in per_task], dtype=np.float64)
     ndcgs = np.array([task_ndcg(s, y) for s, y in per_task], dtype=np.float64)
     ok_auc, ok_ndcg = ~np.isnan(aucs), ~np.isnan(ndcgs)
-    pooled = task_auc(np.concatenate([s for s, _ in per_task]), np.concatenate([y for _, y in per_task])) \
-        if per_task else float("nan")
-    return RankingScores(auc=pooled, gauc=float(aucs[ok_auc].mean()) if ok_auc.any() else float("nan"),
-                         ndcg_at_10=float(ndcgs[ok_ndcg].mean()) if ok_ndcg.any() else float("nan"),
-                         tasks=len(per_task), auc_tasks=int(ok_auc.sum()), ndcg_tasks=int(ok_ndcg.sum()),
-                         samples=int(sum(len(y) for _, y in per_task)))
+    pooled = (
+        task_auc(np.concatenate([s for s, _ in per_task]), np.concatenate([y for _, y in per_task]))
+        if per_task
+        else float("nan")
+    )
+    return RankingScores(
+        auc=pooled,
+        gauc=float(aucs[ok_auc].mean()) if ok_auc.any() else float("nan"),
+        ndcg_at_10=float(ndcgs[ok_ndcg].mean()) if ok_ndcg.any() else float("nan"),
+        tasks=len(per_task),
+        auc_tasks=int(ok_auc.sum()),
+        ndcg_tasks=int(ok_ndcg.sum()),
+        samples=int(sum(len(y) for _, y in per_task)),
+    )

@@ -37,8 +37,11 @@ class PerSampleDataset(Dataset):
             batch = store.batch(np.array([task]))
             ids = batch.unique_ids
             for which, (idx, dense, label, mask) in enumerate(
-                    ((batch.sup_idx, batch.sup_dense, batch.sup_label, batch.sup_mask),
-                     (batch.qry_idx, batch.qry_dense, batch.qry_label, batch.qry_mask))):
+                (
+                    (batch.sup_idx, batch.sup_dense, batch.sup_label, batch.sup_mask),
+                    (batch.qry_idx, batch.qry_dense, batch.qry_label, batch.qry_mask),
+                )
+            ):
                 for j in np.flatnonzero(mask[0]):
                     self.samples.append((task, which, ids[idx[0, j]], dense[0, j], float(label[0, j])))
 
@@ -47,8 +50,13 @@ class PerSampleDataset(Dataset):
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         task, which, ids, dense, label = self.samples[i]
-        return {"task": task, "set": which, "ids": torch.from_numpy(ids), "dense": torch.from_numpy(dense),
-                "label": torch.tensor(label, dtype=torch.float32)}
+        return {
+            "task": task,
+            "set": which,
+            "ids": torch.from_numpy(ids),
+            "dense": torch.from_numpy(dense),
+            "label": torch.tensor(label, dtype=torch.float32),
+        }
 
 
 def _single_rank_groups() -> Any:
@@ -64,8 +72,9 @@ class NaiveTrainer(MetaTrainer):
 
     def __init__(self, config: TrainConfig) -> None:
         super().__init__(config)
-        self.embedding = ShardedEmbedding(self.store.meta.num_rows, config.emb_dim, seed=config.seed,
-                                          group=_single_rank_groups())
+        self.embedding = ShardedEmbedding(
+            self.store.meta.num_rows, config.emb_dim, seed=config.seed, group=_single_rank_groups()
+        )
 
     def export(self, path: Path) -> None:
         """Every rank holds the full table, so global rank 0 alone writes the model; the others wait."""
@@ -126,8 +135,9 @@ class NaiveTrainer(MetaTrainer):
         return loss_sum
 
 
-def _collect_tasks(samples: Any, task_ids: np.ndarray, sizes: np.ndarray, num_sparse: int,
-                   num_dense: int) -> list[tuple[tuple[torch.Tensor, ...], ...]]:
+def _collect_tasks(
+    samples: Any, task_ids: np.ndarray, sizes: np.ndarray, num_sparse: int, num_dense: int
+) -> list[tuple[tuple[torch.Tensor, ...], ...]]:
     """Pull this step's samples off the per-sample loader and regroup them by task and set, in Python."""
     wanted = [int(t) for t in task_ids]
     grouped: dict[int, dict[int, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
@@ -140,10 +150,22 @@ def _collect_tasks(samples: Any, task_ids: np.ndarray, sizes: np.ndarray, num_sp
         for which in (0, 1):
             rows = grouped[task][which]
             if rows:
-                sets.append((torch.stack([r["ids"] for r in rows]), torch.stack([r["dense"] for r in rows]),
-                             torch.stack([r["label"] for r in rows]), torch.ones(len(rows), dtype=torch.bool)))
+                sets.append(
+                    (
+                        torch.stack([r["ids"] for r in rows]),
+                        torch.stack([r["dense"] for r in rows]),
+                        torch.stack([r["label"] for r in rows]),
+                        torch.ones(len(rows), dtype=torch.bool),
+                    )
+                )
             else:
-                sets.append((torch.zeros(0, num_sparse, dtype=torch.long), torch.zeros(0, num_dense),
-                             torch.zeros(0), torch.zeros(0, dtype=torch.bool)))
+                sets.append(
+                    (
+                        torch.zeros(0, num_sparse, dtype=torch.long),
+                        torch.zeros(0, num_dense),
+                        torch.zeros(0),
+                        torch.zeros(0, dtype=torch.bool),
+                    )
+                )
         out.append(tuple(sets))
     return out

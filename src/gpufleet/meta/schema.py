@@ -66,8 +66,9 @@ class TaskMeta:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TaskMeta:
         sparse = tuple(SparseFeature(f["name"], int(f["cardinality"]), int(f["offset"])) for f in data["sparse"])
-        return cls(sparse=sparse, dense=tuple(data["dense"]), num_rows=int(data["num_rows"]),
-                   info=dict(data.get("info", {})))
+        return cls(
+            sparse=sparse, dense=tuple(data["dense"]), num_rows=int(data["num_rows"]), info=dict(data.get("info", {}))
+        )
 
 
 @dataclass

@@ -58,12 +58,22 @@ class TrainConfig:
 
     def model_config(self, store: TaskStore) -> ModelConfig:
         meta = store.meta
-        return ModelConfig(kind=self.model, num_sparse=meta.num_sparse, num_dense=meta.num_dense,
-                           emb_dim=self.emb_dim, bottom=tuple(self.bottom), top=tuple(self.top))
+        return ModelConfig(
+            kind=self.model,
+            num_sparse=meta.num_sparse,
+            num_dense=meta.num_dense,
+            emb_dim=self.emb_dim,
+            bottom=tuple(self.bottom),
+            top=tuple(self.top),
+        )
 
     def maml_config(self) -> MamlConfig:
-        return MamlConfig(order=self.order, inner_lr=self.inner_lr, inner_steps=self.inner_steps,
-                          adapt_embeddings=self.adapt_embeddings)
+        return MamlConfig(
+            order=self.order,
+            inner_lr=self.inner_lr,
+            inner_steps=self.inner_steps,
+            adapt_embeddings=self.adapt_embeddings,
+        )
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -132,15 +142,29 @@ class MetaTrainer:
     def save(self) -> None:
         if self.config.checkpoint_dir is None:
             return
-        save_checkpoint(self.config.checkpoint_dir, self.step, embedding=self.embedding,
-                        dense_state=self.model.state_dict(), optimizer_state=self.optimizer.state_dict(),
-                        extra={"config": self.config.to_json(), "world": self.world})
+        save_checkpoint(
+            self.config.checkpoint_dir,
+            self.step,
+            embedding=self.embedding,
+            dense_state=self.model.state_dict(),
+            optimizer_state=self.optimizer.state_dict(),
+            extra={"config": self.config.to_json(), "world": self.world},
+        )
 
     def export(self, path: Path) -> None:
-        export_model(path, embedding=self.embedding, dense_state=self.model.state_dict(),
-                     meta={"model": self.model_config.to_json(), "maml": asdict(self.maml),
-                           "train": self.config.to_json(), "tasks_meta": self.store.meta.to_json(),
-                           "steps": self.step, "world": self.world})
+        export_model(
+            path,
+            embedding=self.embedding,
+            dense_state=self.model.state_dict(),
+            meta={
+                "model": self.model_config.to_json(),
+                "maml": asdict(self.maml),
+                "train": self.config.to_json(),
+                "tasks_meta": self.store.meta.to_json(),
+                "steps": self.step,
+                "world": self.world,
+            },
+        )
 
     # ------------------------------------------------------------------ one meta-step
     def meta_step(self, batch: TaskBatch) -> float:
@@ -180,12 +204,21 @@ class MetaTrainer:
         cfg = self.config
         self.restore()
         stats = TrainStats(rank=self.rank, world=self.world, start_step=self.step)
-        loader = MetaLoader(self.store, cfg.tasks_per_step, self.rank, self.world, seed=cfg.seed,
-                            prefetch=cfg.prefetch, peer_ids=self.world > 1)
+        loader = MetaLoader(
+            self.store,
+            cfg.tasks_per_step,
+            self.rank,
+            self.world,
+            seed=cfg.seed,
+            prefetch=cfg.prefetch,
+            peer_ids=self.world > 1,
+        )
         per_epoch = len(loader)
         if per_epoch == 0:
-            raise MetaError(f"{cfg.tasks}: {self.store.num_tasks} training tasks are fewer than --tasks-per-step "
-                            f"{cfg.tasks_per_step}; lower it")
+            raise MetaError(
+                f"{cfg.tasks}: {self.store.num_tasks} training tasks are fewer than --tasks-per-step "
+                f"{cfg.tasks_per_step}; lower it"
+            )
         total = per_epoch * cfg.epochs if cfg.max_steps is None else min(cfg.max_steps, per_epoch * cfg.epochs)
         bar = _progress_bar(total, self.step, enabled=cfg.progress and self.rank == 0)
         self.timer.reset()
@@ -223,8 +256,11 @@ class MetaTrainer:
 
     def _maybe_die(self) -> None:
         """Fault injection for the resume test: this rank exits hard, without cleanup, after the given step."""
-        if self.config.die_at_step is not None and self.step == self.config.die_at_step \
-                and self.rank == self.config.die_rank:
+        if (
+            self.config.die_at_step is not None
+            and self.step == self.config.die_at_step
+            and self.rank == self.config.die_rank
+        ):
             os._exit(17)
 
 
@@ -235,8 +271,14 @@ class _ProgressBar:
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-        self.progress = Progress(TextColumn("meta-train"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                                 console=Console(stderr=True), transient=True)
+        self.progress = Progress(
+            TextColumn("meta-train"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeRemainingColumn(),
+            console=Console(stderr=True),
+            transient=True,
+        )
         self.task = self.progress.add_task("steps", total=total, completed=done)
         self.progress.start()
 
@@ -268,9 +310,15 @@ def write_stats(path: Path, config: TrainConfig, ranks: list[dict[str, Any]]) ->
     path.parent.mkdir(parents=True, exist_ok=True)
     wall = max(r["wall_s"] for r in ranks)
     tasks = sum(r["tasks"] for r in ranks)
-    summary = {"config": config.to_json(), "world": len(ranks), "ranks": ranks, "wall_s": wall,
-               "tasks": tasks, "samples": sum(r["samples"] for r in ranks),
-               "tasks_per_s": tasks / wall if wall > 0 else float("nan")}
+    summary = {
+        "config": config.to_json(),
+        "world": len(ranks),
+        "ranks": ranks,
+        "wall_s": wall,
+        "tasks": tasks,
+        "samples": sum(r["samples"] for r in ranks),
+        "tasks_per_s": tasks / wall if wall > 0 else float("nan"),
+    }
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(summary, indent=1))
     tmp.replace(path)

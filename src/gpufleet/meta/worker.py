@@ -20,18 +20,29 @@ def _ints(text: str) -> tuple[int, ...]:
 
 def build_parser() -> argparse.ArgumentParser:
     """The trainer's flags (also used by ``gpufleet meta train``)."""
-    p = argparse.ArgumentParser(prog="python -m gpufleet.meta.worker",
-                                description="Meta-train a DLRM / MeLU recommender on prepared tasks (G-Meta style).")
+    p = argparse.ArgumentParser(
+        prog="python -m gpufleet.meta.worker",
+        description="Meta-train a DLRM / MeLU recommender on prepared tasks (G-Meta style).",
+    )
     p.add_argument("tasks", type=Path, help="folder written by `gpufleet meta prepare`")
     p.add_argument("-o", "--output", type=Path, default=Path("model.pt"), help="exported model file")
     p.add_argument("--model", default="dlrm", choices=["dlrm", "melu"])
-    p.add_argument("--trainer", default="gmeta", choices=["gmeta", "naive"],
-                   help="gmeta: sharded table, whole-task batches, one all-reduce per step; naive: the DMAML-style "
-                        "baseline (full tables, per-sample loader, per-task loop and all-reduce)")
-    p.add_argument("--maml", default="first-order", choices=["first-order", "second-order", "none"],
-                   help="first-order (FOMAML), second-order (through the inner update), or none (plain model)")
-    p.add_argument("--epochs", type=int, default=3,
-                   help="passes over the training tasks (MovieLens-100k overfits past about 5)")
+    p.add_argument(
+        "--trainer",
+        default="gmeta",
+        choices=["gmeta", "naive"],
+        help="gmeta: sharded table, whole-task batches, one all-reduce per step; naive: the DMAML-style "
+        "baseline (full tables, per-sample loader, per-task loop and all-reduce)",
+    )
+    p.add_argument(
+        "--maml",
+        default="first-order",
+        choices=["first-order", "second-order", "none"],
+        help="first-order (FOMAML), second-order (through the inner update), or none (plain model)",
+    )
+    p.add_argument(
+        "--epochs", type=int, default=3, help="passes over the training tasks (MovieLens-100k overfits past about 5)"
+    )
     p.add_argument("--tasks-per-step", type=int, default=32, help="tasks per meta-step over ALL ranks")
     p.add_argument("--inner-lr", type=float, default=0.1)
     p.add_argument("--inner-steps", type=int, default=1)
@@ -58,13 +69,30 @@ def config_from_args(args: argparse.Namespace):
     from gpufleet.meta.trainer import TrainConfig
 
     order = {"first-order": "first", "second-order": "second", "none": "none"}[args.maml]
-    return TrainConfig(tasks=args.tasks, output=args.output, model=args.model, emb_dim=args.emb_dim,
-                       bottom=args.bottom, top=args.top, order=order, inner_lr=args.inner_lr,
-                       inner_steps=args.inner_steps, adapt_embeddings=args.adapt_embeddings, epochs=args.epochs,
-                       tasks_per_step=args.tasks_per_step, outer_lr=args.outer_lr, emb_lr=args.emb_lr,
-                       seed=args.seed, max_steps=args.max_steps, checkpoint_dir=args.checkpoint_dir,
-                       checkpoint_every=args.checkpoint_every, resume=args.resume, die_at_step=args.die_at_step,
-                       die_rank=args.die_rank, progress=sys.stderr.isatty())
+    return TrainConfig(
+        tasks=args.tasks,
+        output=args.output,
+        model=args.model,
+        emb_dim=args.emb_dim,
+        bottom=args.bottom,
+        top=args.top,
+        order=order,
+        inner_lr=args.inner_lr,
+        inner_steps=args.inner_steps,
+        adapt_embeddings=args.adapt_embeddings,
+        epochs=args.epochs,
+        tasks_per_step=args.tasks_per_step,
+        outer_lr=args.outer_lr,
+        emb_lr=args.emb_lr,
+        seed=args.seed,
+        max_steps=args.max_steps,
+        checkpoint_dir=args.checkpoint_dir,
+        checkpoint_every=args.checkpoint_every,
+        resume=args.resume,
+        die_at_step=args.die_at_step,
+        die_rank=args.die_rank,
+        progress=sys.stderr.isatty(),
+    )
 
 
 def init_distributed() -> None:
@@ -104,8 +132,9 @@ def main(argv: list[str] | None = None) -> int:
         if trainer.rank == 0 and args.stats is not None:
             write_stats(args.stats, config, everyone)
         if trainer.rank == 0:
-            print(f"trained {trainer.step} meta-steps on {trainer.world} rank(s); model -> {args.output}",
-                  file=sys.stderr)
+            print(
+                f"trained {trainer.step} meta-steps on {trainer.world} rank(s); model -> {args.output}", file=sys.stderr
+            )
     except GpufleetError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

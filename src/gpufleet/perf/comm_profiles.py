@@ -88,16 +88,28 @@ _RULES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
     for profile, pattern in (
         ("MoE", rf"{_B}moe|mixtral|switch|expert|gshard|{_B}glam{_E}|{_B}dbrx{_E}|\d+x\d+(\.\d+)?[bm]{_E}"),
         ("FSDP", rf"fsdp|{_B}zero(?:[-_]?[1-3])?(?![a-z]|[-_][a-z])|zero\+\+|{_B}shard|deepspeed|fairscale"),
-        ("DLRM", rf"dlrm|recsys|recommend|{_B}rec{_E}|deepfm|wide[-_&]?(and[-_])?deep|{_B}dcn|{_B}ncf{_E}|"
-                 rf"{_B}din{_E}|{_B}dien{_E}|criteo|{_B}ctr{_E}|embedding|two[-_]?tower"),
-        ("GraphSage", rf"graphsage|{_B}sage{_E}|{_B}gnn|{_B}gcn|{_B}gat{_E}|{_B}gin{_E}|{_B}pyg{_E}|{_B}dgl{_E}|"
-                      rf"graph"),
-        ("MobileNetV3", rf"mobilenet|resnet|resnext|{_B}vgg|inception|efficientnet|densenet|alexnet|"
-                        rf"shufflenet|squeezenet|regnet|convnext|googlenet|{_B}cnn|rcnn|{_B}yolo|{_B}unet|"
-                        rf"{_B}vit{_E}|{_B}deit|{_B}swin|{_B}image|imagenet|{_B}detr{_E}|retinanet"),
-        ("Transformer-XL", rf"transformer|{_B}gpt|llama|bert|{_B}t5{_E}|{_B}llm|{_B}opt{_E}|bloom|{_B}mpt{_E}|"
-                           rf"falcon|mistral|qwen|gemma|megatron|{_B}palm|chinchilla|xlnet|electra|"
-                           rf"{_B}bart{_E}|{_B}lm{_E}|language"),
+        (
+            "DLRM",
+            rf"dlrm|recsys|recommend|{_B}rec{_E}|deepfm|wide[-_&]?(and[-_])?deep|{_B}dcn|{_B}ncf{_E}|"
+            rf"{_B}din{_E}|{_B}dien{_E}|criteo|{_B}ctr{_E}|embedding|two[-_]?tower",
+        ),
+        (
+            "GraphSage",
+            rf"graphsage|{_B}sage{_E}|{_B}gnn|{_B}gcn|{_B}gat{_E}|{_B}gin{_E}|{_B}pyg{_E}|{_B}dgl{_E}|"
+            rf"graph",
+        ),
+        (
+            "MobileNetV3",
+            rf"mobilenet|resnet|resnext|{_B}vgg|inception|efficientnet|densenet|alexnet|"
+            rf"shufflenet|squeezenet|regnet|convnext|googlenet|{_B}cnn|rcnn|{_B}yolo|{_B}unet|"
+            rf"{_B}vit{_E}|{_B}deit|{_B}swin|{_B}image|imagenet|{_B}detr{_E}|retinanet",
+        ),
+        (
+            "Transformer-XL",
+            rf"transformer|{_B}gpt|llama|bert|{_B}t5{_E}|{_B}llm|{_B}opt{_E}|bloom|{_B}mpt{_E}|"
+            rf"falcon|mistral|qwen|gemma|megatron|{_B}palm|chinchilla|xlnet|electra|"
+            rf"{_B}bart{_E}|{_B}lm{_E}|language",
+        ),
     )
 )
 _UNITS = {"k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}
@@ -204,12 +216,15 @@ def parse_mix(text: str) -> dict[str, float]:
     for part in text.split(","):
         key, sep, value = part.partition("=")
         if not sep or not key.strip() or not value.strip():
-            raise ConfigError(f"communication mix: malformed pair '{part.strip()}' in '{text}'; expected "
-                              f"profile=weight pairs separated by commas, e.g. '{example}'")
+            raise ConfigError(
+                f"communication mix: malformed pair '{part.strip()}' in '{text}'; expected "
+                f"profile=weight pairs separated by commas, e.g. '{example}'"
+            )
         profile = known.get(_fold(key))
         if profile is None:
-            raise ConfigError(f"communication mix: unknown profile '{key.strip()}'; known: "
-                              f"{', '.join(DEEPSHARE_MODELS)}")
+            raise ConfigError(
+                f"communication mix: unknown profile '{key.strip()}'; known: {', '.join(DEEPSHARE_MODELS)}"
+            )
         if profile in weights:
             raise ConfigError(f"communication mix: profile {profile} is given twice in '{text}'")
         try:
@@ -224,8 +239,9 @@ def _normalise(mix: Mapping[str, float]) -> dict[str, float]:
     """Check a {profile: weight} mapping and scale it to sum to 1."""
     bad = [p for p in mix if p not in REFERENCE_PARAMS]
     if bad:
-        raise ConfigError(f"communication mix: unknown profile(s) {', '.join(map(str, bad))}; known: "
-                          f"{', '.join(DEEPSHARE_MODELS)}")
+        raise ConfigError(
+            f"communication mix: unknown profile(s) {', '.join(map(str, bad))}; known: {', '.join(DEEPSHARE_MODELS)}"
+        )
     values = [float(v) for v in mix.values()]
     if not values or any(not math.isfinite(v) or v < 0 for v in values) or sum(values) <= 0:
         raise ConfigError(f"communication mix weights must be finite, non-negative and not all zero, got {dict(mix)}")
@@ -248,8 +264,9 @@ def assign_profiles(jobs: pl.DataFrame, mix: Mapping[str, float] | None = None, 
     n = jobs.height
     profiles = list(weights)
     cdf = np.cumsum([weights[p] for p in profiles])
-    pick = np.minimum(np.searchsorted(cdf / cdf[-1], np.random.default_rng(seed).random(n), side="right"),
-                      len(profiles) - 1)
+    pick = np.minimum(
+        np.searchsorted(cdf / cdf[-1], np.random.default_rng(seed).random(n), side="right"), len(profiles) - 1
+    )
     drawn = pl.Series(np.array(profiles, dtype=object)[pick].tolist(), dtype=pl.String)
     if "model" in jobs.columns:
         names = jobs["model"].cast(pl.String)
@@ -278,7 +295,11 @@ def with_comm_profiles(jobs: pl.DataFrame, comm_mix: str | None) -> pl.DataFrame
     with the mix text (``"FSDP=0.5,MoE=0.5"``, None for equal shares), seed 0."""
     if "comm_profile" in jobs.columns and comm_mix is None:
         return jobs
-    if "model" in jobs.columns and comm_mix is None and set(jobs["model"].drop_nulls().unique()) <= set(
-            DEEPSHARE_MODELS) and jobs["model"].null_count() == 0:
+    if (
+        "model" in jobs.columns
+        and comm_mix is None
+        and set(jobs["model"].drop_nulls().unique()) <= set(DEEPSHARE_MODELS)
+        and jobs["model"].null_count() == 0
+    ):
         return jobs
     return assign_profiles(jobs, parse_mix(comm_mix) if comm_mix else None, seed=0)

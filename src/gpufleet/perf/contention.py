@@ -59,9 +59,11 @@ MAX_COMM_SHARE = 0.8
 Placement = tuple[int, int]
 
 #: Where DeepShare's tables come from, for the error when a folder lacks them (the wheel ships a copy).
-DEEPSHARE_SOURCE = ("copy scheduler/jobs/isolated_thp.csv, shared_thp_ratio.csv and total_samples_trained.csv from "
-                    "https://github.com/gajagajago/deepshare (Apache-2.0), renamed with a 'deepshare_' prefix, "
-                    "or give no folder for the shipped copy")
+DEEPSHARE_SOURCE = (
+    "copy scheduler/jobs/isolated_thp.csv, shared_thp_ratio.csv and total_samples_trained.csv from "
+    "https://github.com/gajagajago/deepshare (Apache-2.0), renamed with a 'deepshare_' prefix, "
+    "or give no folder for the shipped copy"
+)
 _DATA_FILES = {
     "isolated": "deepshare_isolated_thp.csv",
     "ratios": "deepshare_shared_thp_ratio.csv",
@@ -102,8 +104,10 @@ def load_deepshare(folder: str | Path | None = None) -> DeepShareData:
     paths = {k: folder / v for k, v in _DATA_FILES.items()}
     missing = [str(p) for p in paths.values() if not p.is_file()]
     if missing:
-        raise ConfigError(f"contention data missing: {', '.join(missing)} (expected DeepShare's tables "
-                          f"{', '.join(_DATA_FILES.values())} in {folder}); {DEEPSHARE_SOURCE}")
+        raise ConfigError(
+            f"contention data missing: {', '.join(missing)} (expected DeepShare's tables "
+            f"{', '.join(_DATA_FILES.values())} in {folder}); {DEEPSHARE_SOURCE}"
+        )
     iso = pl.read_csv(paths["isolated"])
     isolated = {_split_key(k, paths["isolated"]): float(v) for k, v in iso.iter_rows()}
     mat = pl.read_csv(paths["ratios"])
@@ -147,16 +151,25 @@ class ContentionModel:
         if (gpus, nodes) in table:
             return table[(gpus, nodes)]
         per_node = gpus / nodes
-        best = min(table, key=lambda k: (abs(math.log(k[0] / k[1]) - math.log(per_node)),
-                                         abs(math.log(k[1]) - math.log(nodes))))
+        best = min(
+            table,
+            key=lambda k: (abs(math.log(k[0] / k[1]) - math.log(per_node)), abs(math.log(k[1]) - math.log(nodes))),
+        )
         return table[best]
 
     def _check(self, model: str) -> None:
         if model not in self.model_s:
             raise ConfigError(f"unknown communication profile '{model}'; known: {', '.join(self.model_s)}")
 
-    def _factor(self, per_model: dict[str, float], per_place: dict[Placement, float], model: str, gpus: int,
-                 nodes: int, nic_gbps: float | None) -> float:
+    def _factor(
+        self,
+        per_model: dict[str, float],
+        per_place: dict[Placement, float],
+        model: str,
+        gpus: int,
+        nodes: int,
+        nic_gbps: float | None,
+    ) -> float:
         """Model constant x placement constant, scaled to the NIC (0 on one node: no network traffic)."""
         if nodes <= 1:
             return 0.0
@@ -346,24 +359,36 @@ class FitReport:
         err = np.abs(self.predicted - self.measured)
         for i, (m, g, n) in enumerate(self.keys):
             test = ~self.train_mask[i]
-            out.append({"job_type": f"{m},{g},{n}", "held_back": int(test.sum()),
-                        "mae": float(err[i][test].mean()) if test.any() else math.nan,
-                        "max": float(err[i][test].max()) if test.any() else math.nan,
-                        "sensitivity": self.model.sensitivity(m, g, n),
-                        "intensity": self.model.intensity(m, g, n)})
+            out.append(
+                {
+                    "job_type": f"{m},{g},{n}",
+                    "held_back": int(test.sum()),
+                    "mae": float(err[i][test].mean()) if test.any() else math.nan,
+                    "max": float(err[i][test].max()) if test.any() else math.nan,
+                    "sensitivity": self.model.sensitivity(m, g, n),
+                    "intensity": self.model.intensity(m, g, n),
+                }
+            )
         return out
 
     def summary(self) -> dict[str, Any]:
         """The headline figures as a dict."""
-        n_params = (len(self.model.model_s) + len(self.model.model_p) + len(self.model.place_s)
-                    + len(self.model.place_p))
-        return {"cells": int(self.measured.size), "held_back": int((~self.train_mask).sum()),
-                "holdout": self.holdout, "seed": self.seed, "free_constants": n_params,
-                "train_mae": self.train_mae, "test_mae": self.test_mae, "test_max": self.test_max}
+        n_params = len(self.model.model_s) + len(self.model.model_p) + len(self.model.place_s) + len(self.model.place_p)
+        return {
+            "cells": int(self.measured.size),
+            "held_back": int((~self.train_mask).sum()),
+            "holdout": self.holdout,
+            "seed": self.seed,
+            "free_constants": n_params,
+            "train_mae": self.train_mae,
+            "test_mae": self.test_mae,
+            "test_max": self.test_max,
+        }
 
 
-def fit_contention(data: DeepShareData, holdout: float = 0.3, seed: int = 0,
-                   train_mask: np.ndarray | None = None) -> FitReport:
+def fit_contention(
+    data: DeepShareData, holdout: float = 0.3, seed: int = 0, train_mask: np.ndarray | None = None
+) -> FitReport:
     """Fit the per-model and per-placement constants to the cells of ``train_mask`` (default: a random
     ``1 - holdout`` of the matrix drawn with ``seed``) by robust least squares on the ratio."""
     from scipy.optimize import least_squares
@@ -382,8 +407,8 @@ def fit_contention(data: DeepShareData, holdout: float = 0.3, seed: int = 0,
     nm, npl = len(models), len(places)
 
     def unpack(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        sm, pm = x[:nm], x[nm:2 * nm]
-        sp, pp = x[2 * nm:2 * nm + npl], x[2 * nm + npl:]
+        sm, pm = x[:nm], x[nm : 2 * nm]
+        sp, pp = x[2 * nm : 2 * nm + npl], x[2 * nm + npl :]
         return sm[mi] * sp[pi], pm[mi] * pp[pi]
 
     def predict(x: np.ndarray) -> np.ndarray:
@@ -391,11 +416,12 @@ def fit_contention(data: DeepShareData, holdout: float = 0.3, seed: int = 0,
         return 1.0 / (1.0 + np.outer(s, p))
 
     x0 = np.full(2 * (nm + npl), 0.5)
-    sol = least_squares(lambda x: (predict(x) - measured)[train_mask], x0, bounds=(0.0, 20.0),
-                        loss="soft_l1", f_scale=0.05)
+    sol = least_squares(
+        lambda x: (predict(x) - measured)[train_mask], x0, bounds=(0.0, 20.0), loss="soft_l1", f_scale=0.05
+    )
     x = sol.x
-    sm, pm = x[:nm], x[nm:2 * nm]
-    sp, pp = x[2 * nm:2 * nm + npl], x[2 * nm + npl:]
+    sm, pm = x[:nm], x[nm : 2 * nm]
+    sp, pp = x[2 * nm : 2 * nm + npl], x[2 * nm + npl :]
     # s * p is identified only up to a common factor: the most sensitive job type is taken to spend
     # MAX_COMM_SHARE of its isolated iteration communicating (a comm-heavy job on 40 Gb/s)
     s_all, _ = unpack(x)

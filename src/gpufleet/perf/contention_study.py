@@ -13,8 +13,16 @@ from gpufleet.errors import ConfigError
 if TYPE_CHECKING:
     from gpufleet.perf.contention import ContentionModel, FitReport
 
-__all__ = ["HOLD_BY", "MAE_BAR", "SHOW_PLACEMENT", "ContentionFit", "fit_deepshare", "model_constants",
-           "pair_matrix", "report_data"]
+__all__ = [
+    "HOLD_BY",
+    "MAE_BAR",
+    "SHOW_PLACEMENT",
+    "ContentionFit",
+    "fit_deepshare",
+    "model_constants",
+    "pair_matrix",
+    "report_data",
+]
 
 #: The accuracy the model is held to: mean absolute error of the throughput ratio on held-back cells.
 MAE_BAR = 0.08
@@ -34,8 +42,9 @@ class ContentionFit:
     per_type: list[dict[str, Any]]
 
 
-def fit_deepshare(folder: str | Path | None = None, holdout: float = 0.3, seed: int = 0,
-                  by: str = "cells") -> ContentionFit:
+def fit_deepshare(
+    folder: str | Path | None = None, holdout: float = 0.3, seed: int = 0, by: str = "cells"
+) -> ContentionFit:
     """Fit the contention model to DeepShare's tables in ``folder`` (None: the shipped ones), holding back
     ``holdout`` of the cells (``by="cells"``) or of the victim job types (``by="types"``)."""
     from gpufleet.perf.contention import fit_contention, load_deepshare, victim_type_mask
@@ -54,8 +63,9 @@ def fit_deepshare(folder: str | Path | None = None, holdout: float = 0.3, seed: 
 def model_constants(model: ContentionModel) -> dict[str, dict[str, float]]:
     """The fitted constants of ``model``, keyed as in its JSON form."""
     full = model.to_dict()
-    return {k: full[k] for k in ("model_sensitivity", "model_intensity", "placement_sensitivity",
-                                 "placement_intensity")}
+    return {
+        k: full[k] for k in ("model_sensitivity", "model_intensity", "placement_sensitivity", "placement_intensity")
+    }
 
 
 def pair_matrix(model: ContentionModel, gpus: int, nodes: int) -> tuple[list[str], list[list[float]]]:
@@ -71,10 +81,14 @@ def report_data(result: ContentionFit) -> dict[str, Any]:
     fit, model = result.fit, result.fit.model
     return {
         "labels": [f"{m},{g},{n}" for m, g, n in fit.keys],
-        "measured": fit.measured, "predicted": fit.predicted, "train_mask": fit.train_mask,
-        "summary": result.summary, "per_type": result.per_type,
+        "measured": fit.measured,
+        "predicted": fit.predicted,
+        "train_mask": fit.train_mask,
+        "summary": result.summary,
+        "per_type": result.per_type,
         "model_constants": {m: (model.model_s[m], model.model_p[m]) for m in model.models},
-        "placement_constants": {f"{g} GPUs / {n} nodes": (s, model.place_p.get((g, n), math.nan))
-                                for (g, n), s in model.place_s.items()},
+        "placement_constants": {
+            f"{g} GPUs / {n} nodes": (s, model.place_p.get((g, n), math.nan)) for (g, n), s in model.place_s.items()
+        },
         "source": model.source,
     }

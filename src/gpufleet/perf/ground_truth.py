@@ -85,52 +85,98 @@ _UNPUBLISHED_RC = ("none", "selective")  # Megatron-era runs that do not say: wh
 _SOURCES: tuple[_Source, ...] = (
     _Source(r"^Narayanan21", "Narayanan 2021", _MEGATRON_2021, "ib-hdr", mbs=_TUNED_MBS, vp=_TUNED_VP),
     _Source(
-        r"^Korthikanti22", "Korthikanti 2022",
+        r"^Korthikanti22",
+        "Korthikanti 2022",
         {"precision": "fp16", "flash_attention": False, "sequence_parallel": True, "zero": 0},
-        "ib-hdr", mbs=(1,), vp=(1,), recompute=("selective",),
+        "ib-hdr",
+        mbs=(1,),
+        vp=(1,),
+        recompute=("selective",),
     ),
     _Source(
-        r"^MegaScale.*GPT-175B \(MegaScale\)", "MegaScale (MegaScale)",
-        {"precision": "bf16", "flash_attention": True, "zero": 1, "tp_overlap": True, "pp_overlap": True,
-         "dp_overlap": True, "parallel_block": True, "fused_ops": True},
-        "roce-200g", mbs=(1,), vp=(6,), recompute=_UNPUBLISHED_RC,
+        r"^MegaScale.*GPT-175B \(MegaScale\)",
+        "MegaScale (MegaScale)",
+        {
+            "precision": "bf16",
+            "flash_attention": True,
+            "zero": 1,
+            "tp_overlap": True,
+            "pp_overlap": True,
+            "dp_overlap": True,
+            "parallel_block": True,
+            "fused_ops": True,
+        },
+        "roce-200g",
+        mbs=(1,),
+        vp=(6,),
+        recompute=_UNPUBLISHED_RC,
     ),
     _Source(
-        r"^MegaScale Tab", "MegaScale (Megatron-LM)",
+        r"^MegaScale Tab",
+        "MegaScale (Megatron-LM)",
         {"precision": "bf16", "flash_attention": False, "zero": 1},
-        "roce-200g", mbs=(1,), vp=(6,), recompute=_UNPUBLISHED_RC,
+        "roce-200g",
+        mbs=(1,),
+        vp=(6,),
+        recompute=_UNPUBLISHED_RC,
     ),
     _Source(
-        r"^MegaScale Fig", "MegaScale (Megatron-LM)",
+        r"^MegaScale Fig",
+        "MegaScale (Megatron-LM)",
         {"precision": "bf16", "flash_attention": False, "zero": 1},
-        "roce-200g", mbs=(1,), vp=(3,), recompute=_UNPUBLISHED_RC,
+        "roce-200g",
+        mbs=(1,),
+        vp=(3,),
+        recompute=_UNPUBLISHED_RC,
     ),
     _Source(
-        r"^NVIDIA/Megatron-LM README", "Megatron-Core H100",
+        r"^NVIDIA/Megatron-LM README",
+        "Megatron-Core H100",
         {"precision": "bf16", "flash_attention": True, "zero": 1, "tp_overlap": True, "dp_overlap": True},
-        "ib-ndr", mbs=_TUNED_MBS, vp=_TUNED_VP, recompute=_UNPUBLISHED_RC,
+        "ib-ndr",
+        mbs=_TUNED_MBS,
+        vp=_TUNED_VP,
+        recompute=_UNPUBLISHED_RC,
     ),
     _Source(
-        r"^Llama 3 paper", "Llama 3",
+        r"^Llama 3 paper",
+        "Llama 3",
         {"precision": "bf16", "flash_attention": True, "zero": 2, "dp_overlap": True},
-        "roce-400g", rack_gpus=3072, oversubscription=7.0, mbs=(1,), vp=_TUNED_VP, recompute=("none",),
+        "roce-400g",
+        rack_gpus=3072,
+        oversubscription=7.0,
+        mbs=(1,),
+        vp=_TUNED_VP,
+        recompute=("none",),
     ),
     # MT-NLG ran DeepSpeed's pipeline engine, which has no interleaved schedule.
     _Source(r"^MT-NLG", "MT-NLG", {**_MEGATRON_2021, "precision": "bf16"}, "ib-hdr", mbs=_TUNED_MBS, vp=(1,)),
     _Source(
-        r"^MLPerf", "MLPerf GPT-3 (fp8)",
+        r"^MLPerf",
+        "MLPerf GPT-3 (fp8)",
         {"precision": "fp8", "flash_attention": True, "zero": 1, "tp_overlap": True, "dp_overlap": True},
-        "ib-ndr", mbs=_TUNED_MBS, vp=_TUNED_VP, recompute=("none",),
+        "ib-ndr",
+        mbs=_TUNED_MBS,
+        vp=_TUNED_VP,
+        recompute=("none",),
     ),
     _Source(
-        r"^mosaicml/llm-foundry", "MosaicML MPT (FSDP)",
+        r"^mosaicml/llm-foundry",
+        "MosaicML MPT (FSDP)",
         {"precision": "bf16", "flash_attention": True, "sequence_parallel": False, "zero": 3},
-        "roce-200g", mbs=(1, 2, 4, 8, 16), vp=(1,), recompute=("full",),
+        "roce-200g",
+        mbs=(1, 2, 4, 8, 16),
+        vp=(1,),
+        recompute=("full",),
     ),
     _Source(
-        r"^NVIDIA-NeMo/Megatron-Bridge", "Megatron-Bridge (fp8)",
+        r"^NVIDIA-NeMo/Megatron-Bridge",
+        "Megatron-Bridge (fp8)",
         {"precision": "fp8", "flash_attention": True, "zero": 1, "tp_overlap": True, "dp_overlap": True},
-        "ib-ndr", mbs=(1,), vp=(5,), recompute=("none",),
+        "ib-ndr",
+        mbs=(1,),
+        vp=(5,),
+        recompute=("none",),
     ),
 )
 
@@ -241,17 +287,43 @@ def read_cases(path: str | Path | None = None) -> tuple[list[Case], list[Skipped
         system = System.build(gpu, source.nic, 8, source.nics_per_node, source.rack_gpus, source.oversubscription)
         recompute = source.recompute or (("full",) if (row["recompute"] or "").startswith("full") else ("none",))
         common = {
-            "source": src, "model": model, "system": system, "gpus": n, "tp": tp, "pp": pp, "dp": dp, "cp": cp,
-            "gbs": gbs, "seq": model.seq, "mbs": mbs, "vp": source.vp or (1,), "group": source.group,
+            "source": src,
+            "model": model,
+            "system": system,
+            "gpus": n,
+            "tp": tp,
+            "pp": pp,
+            "dp": dp,
+            "cp": cp,
+            "gbs": gbs,
+            "seq": model.seq,
+            "mbs": mbs,
+            "vp": source.vp or (1,),
+            "group": source.group,
         }
         options = TrainOptions(**source.options)
-        cases.append(Case(row=i, label=label, recompute=recompute, options=options,
-                          target_kind=target[0], target=target[1], **common))
+        cases.append(
+            Case(
+                row=i,
+                label=label,
+                recompute=recompute,
+                options=options,
+                target_kind=target[0],
+                target=target[1],
+                **common,
+            )
+        )
         baseline = re.search(r"full-recompute baseline ([\d.]+)s", row["reported"] or "")
         if baseline:  # Korthikanti Table 5 also times the same runs with full recomputation, no SP
-            cases.append(Case(
-                row=i, label=f"{label} (full recompute)", recompute=("full",),
-                options=options.model_copy(update={"sequence_parallel": False}),
-                target_kind="step_time_s", target=float(baseline.group(1)), **common,
-            ))
+            cases.append(
+                Case(
+                    row=i,
+                    label=f"{label} (full recompute)",
+                    recompute=("full",),
+                    options=options.model_copy(update={"sequence_parallel": False}),
+                    target_kind="step_time_s",
+                    target=float(baseline.group(1)),
+                    **common,
+                )
+            )
     return cases, skipped

@@ -87,16 +87,25 @@ def _split_layers(layers: int, weights: np.ndarray) -> np.ndarray:
     return out
 
 
-def _uniform(model: ModelSpec, system: System, gbs: int, seq: int, gpus: int, options: TrainOptions,
-             eff: Efficiency, run_on: System) -> tuple[float, float, str]:
+def _uniform(
+    model: ModelSpec,
+    system: System,
+    gbs: int,
+    seq: int,
+    gpus: int,
+    options: TrainOptions,
+    eff: Efficiency,
+    run_on: System,
+) -> tuple[float, float, str]:
     """Best layout of a homogeneous search on ``system``: its step time there, on ``run_on``, and its name."""
     from gpufleet.perf.planner import plan_layouts
 
     res = plan_layouts(model, system, gpus, gbs, seq, options, eff, top=1, max_cp=1)
     best = res.table.row(0, named=True)
     rc = RECOMPUTE_MODES.index(best["recompute"])
-    out = evaluate(model, run_on, gbs, best["tp"], best["pp"], best["dp"], 1, best["mbs"], best["vp"], rc, seq,
-                   options, eff)
+    out = evaluate(
+        model, run_on, gbs, best["tp"], best["pp"], best["dp"], 1, best["mbs"], best["vp"], rc, seq, options, eff
+    )
     elsewhere = float(np.asarray(out["step_time_s"]).reshape(-1)[0])
     name = f"TP{best['tp']} PP{best['pp']} DP{best['dp']} mbs{best['mbs']} v{best['vp']} {best['recompute']}"
     return float(best["step_time_s"]), elsewhere, name
@@ -120,17 +129,20 @@ def _holmes(model: ModelSpec, pools: list[Pool], gbs: int, seq: int, options: Tr
                 continue
             rc = RECOMPUTE_MODES.index(rc_name)
             pieces = [
-                {k: float(np.asarray(v).reshape(-1)[0]) for k, v in evaluate(
-                    model, _system(p), gbs, tp, total_pp, dp, 1, mbs, 1, rc, seq, options, eff).items()}
+                {
+                    k: float(np.asarray(v).reshape(-1)[0])
+                    for k, v in evaluate(
+                        model, _system(p), gbs, tp, total_pp, dp, 1, mbs, 1, rc, seq, options, eff
+                    ).items()
+                }
                 for p in pools
             ]
             m = gbs / (dp * mbs)
             # per stage: m micro-batches of L layers, plus that stage's DP reduction (∝ its layers)
             per_layer_dp = [pc["dp_s"] * params_per_layer(model) / max(pc["stage_params"], 1.0) for pc in pieces]
-            cost = np.concatenate([
-                np.full(s, m * pc["layer_s"] + d)
-                for s, pc, d in zip(stages, pieces, per_layer_dp, strict=True)
-            ])
+            cost = np.concatenate(
+                [np.full(s, m * pc["layer_s"] + d) for s, pc, d in zip(stages, pieces, per_layer_dp, strict=True)]
+            )
             layers = _split_layers(model.layers, 1.0 / cost)
             stage_time = layers * cost
             stage_time[-1] += m * pieces[-1]["logits_s"]
@@ -148,9 +160,13 @@ def _holmes(model: ModelSpec, pools: list[Pool], gbs: int, seq: int, options: Tr
             # memory: the stage with the most layers, as a homogeneous pipeline of that depth
             deepest = model.with_overrides(layers=int(layers.max()) * total_pp)
             mem = max(
-                float(np.asarray(evaluate(
-                    deepest, _system(p), gbs, tp, total_pp, dp, 1, mbs, 1, rc, seq, options, eff
-                )["memory_gb"]).reshape(-1)[0])
+                float(
+                    np.asarray(
+                        evaluate(deepest, _system(p), gbs, tp, total_pp, dp, 1, mbs, 1, rc, seq, options, eff)[
+                            "memory_gb"
+                        ]
+                    ).reshape(-1)[0]
+                )
                 for p in pools
             )
             if mem > pools[0].gpu_spec.memory_gb:
@@ -158,9 +174,17 @@ def _holmes(model: ModelSpec, pools: list[Pool], gbs: int, seq: int, options: Tr
             if best is None or step < best[0]:
                 plan, start = [], 0
                 for pool, s in zip(pools, stages, strict=True):
-                    plan.append({"group": pool.name, "nic": pool.nic, "gpus": pool.total_gpus, "stages": s,
-                                 "layers_per_stage": " ".join(str(x) for x in layers[start:start + s]), "dp": dp,
-                                 "tp": tp})
+                    plan.append(
+                        {
+                            "group": pool.name,
+                            "nic": pool.nic,
+                            "gpus": pool.total_gpus,
+                            "stages": s,
+                            "layers_per_stage": " ".join(str(x) for x in layers[start : start + s]),
+                            "dp": dp,
+                            "tp": tp,
+                        }
+                    )
                     start += s
                 best = (step, f"TP{tp} PP{total_pp} DP{dp} mbs{mbs} {rc_name} (uneven)", plan)
     if best is None:
@@ -187,8 +211,9 @@ def plan_hetero(
     holmes_step, holmes_layout, plan = _holmes(model, pools, gbs, s, opts, eff)
     best_pool = max(pools, key=lambda p: (p.nic_spec.kind != "ethernet", p.nic_spec.gbps))
     # one search on the best group's NIC: all-RDMA runs its layout there, naive placement on the mixed fabric
-    rdma_step, naive_step, rdma_layout = _uniform(model, _system(best_pool), gbs, s, gpus, opts, eff,
-                                                  _cross_system(pools))
+    rdma_step, naive_step, rdma_layout = _uniform(
+        model, _system(best_pool), gbs, s, gpus, opts, eff, _cross_system(pools)
+    )
     naive_layout = rdma_layout
     flops = model_flops_per_step(model, gbs, s)
     peak = pools[0].gpu_spec.mixed_precision_tflops * 1e12
@@ -198,9 +223,15 @@ def plan_hetero(
         ("holmes", holmes_step, holmes_layout),
         ("all-RDMA (same size)", rdma_step, rdma_layout),
     ):
-        rows.append({
-            "placement": name, "layout": layout, "step_time_s": step, "tokens_per_s": gbs * s / step,
-            "tflops_per_gpu": flops / step / gpus / 1e12, "mfu": flops / step / gpus / peak,
-            "vs_naive": naive_step / step,
-        })
+        rows.append(
+            {
+                "placement": name,
+                "layout": layout,
+                "step_time_s": step,
+                "tokens_per_s": gbs * s / step,
+                "tflops_per_gpu": flops / step / gpus / 1e12,
+                "mfu": flops / step / gpus / peak,
+                "vs_naive": naive_step / step,
+            }
+        )
     return HeteroResult(summary=pl.DataFrame(rows), table=pl.DataFrame(plan))

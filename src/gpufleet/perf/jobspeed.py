@@ -47,13 +47,20 @@ class JobSpeedModel:
         per_node = math.ceil(gpus / nodes)
         # the job's GPUs on each node get their share of that node's NICs
         nic_share = max(self.system.nics_per_node * per_node / self.system.gpus_per_node, 1e-3)
-        placed = System(self.system.gpu, self.system.nic, per_node, nic_share,  # type: ignore[arg-type]
-                        self.system.rack_gpus, self.system.oversubscription)
+        placed = System(
+            self.system.gpu,
+            self.system.nic,
+            per_node,
+            nic_share,  # type: ignore[arg-type]
+            self.system.rack_gpus,
+            self.system.oversubscription,
+        )
         gbs = max(1, gpus * self.tokens_per_gpu_batch // self.model.seq)
         gbs = max(2 ** int(math.log2(gbs)) if gbs > 1 else 1, gpus)
         try:
-            plan = plan_layouts(self.model, placed, gpus, gbs, options=self.options,
-                                efficiency=self.efficiency, top=1, max_cp=1)
+            plan = plan_layouts(
+                self.model, placed, gpus, gbs, options=self.options, efficiency=self.efficiency, top=1, max_cp=1
+            )
             row = plan.table.row(0, named=True)
         except (ConfigError, IndexError):
             return 0.0

@@ -73,6 +73,4 @@ class Layout(BaseModel):
 
     def describe(self) -> str:
         """Compact text, e.g. 'TP8 PP8 DP16 CP1 mbs1 v6 selective'."""
-        return (
-            f"TP{self.tp} PP{self.pp} DP{self.dp} CP{self.cp} mbs{self.mbs} v{self.vp} {self.recompute}"
-        )
+        return f"TP{self.tp} PP{self.pp} DP{self.dp} CP{self.cp} mbs{self.mbs} v{self.vp} {self.recompute}"

@@ -48,7 +48,12 @@ class PlanResult:
             raise ConfigError("no layout fits: add GPUs, lower the micro-batch or pick a GPU with more memory")
         row = self.table.row(0, named=True)
         return Layout(
-            tp=row["tp"], pp=row["pp"], dp=row["dp"], cp=row["cp"], mbs=row["mbs"], vp=row["vp"],
+            tp=row["tp"],
+            pp=row["pp"],
+            dp=row["dp"],
+            cp=row["cp"],
+            mbs=row["mbs"],
+            vp=row["vp"],
             recompute=row["recompute"],
         )
 
@@ -76,12 +81,18 @@ def _candidates(
     mbs = np.array(_MBS)
     vp = np.array(_VP)
     rc = np.array([RECOMPUTE_MODES.index(r) for r in recompute])
-    idx, m_i, v_i, r_i = np.meshgrid(np.arange(n_base), np.arange(len(mbs)), np.arange(len(vp)), np.arange(len(rc)),
-                                     indexing="ij")
+    idx, m_i, v_i, r_i = np.meshgrid(
+        np.arange(n_base), np.arange(len(mbs)), np.arange(len(vp)), np.arange(len(rc)), indexing="ij"
+    )
     idx, m_i, v_i, r_i = (a.ravel() for a in (idx, m_i, v_i, r_i))
     return {
-        "tp": base[idx, 0], "cp": base[idx, 1], "pp": base[idx, 2], "dp": base[idx, 3],
-        "mbs": mbs[m_i], "vp": vp[v_i], "rc": rc[r_i],
+        "tp": base[idx, 0],
+        "cp": base[idx, 1],
+        "pp": base[idx, 2],
+        "dp": base[idx, 3],
+        "mbs": mbs[m_i],
+        "vp": vp[v_i],
+        "rc": rc[r_i],
     }
 
 
@@ -124,8 +135,9 @@ def plan_layouts(
     searched = len(cands["tp"])
     valid = _valid(model, gbs, s, cands)
     c = {k: v[valid] for k, v in cands.items()}
-    out = evaluate(model, system, gbs, c["tp"], c["pp"], c["dp"], c["cp"], c["mbs"], c["vp"], c["rc"], s,
-                   options, efficiency)
+    out = evaluate(
+        model, system, gbs, c["tp"], c["pp"], c["dp"], c["cp"], c["mbs"], c["vp"], c["rc"], s, options, efficiency
+    )
     fits = out["memory_gb"] <= system.gpu.memory_gb
     order = np.argsort(out["step_time_s"][fits], kind="stable")
     keep = {k: v[fits][order] for k, v in c.items()}
@@ -138,15 +150,27 @@ def plan_layouts(
         labels, counts = np.unique(worst, return_counts=True)
         lost_to = {str(k): int(v) for k, v in sorted(zip(labels, counts, strict=True), key=lambda kv: -kv[1])}
     n = min(top, len(order))
-    table = pl.DataFrame({
-        "rank": np.arange(1, n + 1),
-        "tp": keep["tp"][:n], "pp": keep["pp"][:n], "dp": keep["dp"][:n], "cp": keep["cp"][:n],
-        "mbs": keep["mbs"][:n], "vp": keep["vp"][:n],
-        "recompute": [RECOMPUTE_MODES[i] for i in keep["rc"][:n]],
-        "step_time_s": res["step_time_s"][:n], "mfu": res["mfu"][:n], "memory_gb": res["memory_gb"][:n],
-        **{k: res[k][:n] for k in BREAKDOWN_KEYS},
-    })
+    table = pl.DataFrame(
+        {
+            "rank": np.arange(1, n + 1),
+            "tp": keep["tp"][:n],
+            "pp": keep["pp"][:n],
+            "dp": keep["dp"][:n],
+            "cp": keep["cp"][:n],
+            "mbs": keep["mbs"][:n],
+            "vp": keep["vp"][:n],
+            "recompute": [RECOMPUTE_MODES[i] for i in keep["rc"][:n]],
+            "step_time_s": res["step_time_s"][:n],
+            "mfu": res["mfu"][:n],
+            "memory_gb": res["memory_gb"][:n],
+            **{k: res[k][:n] for k in BREAKDOWN_KEYS},
+        }
+    )
     return PlanResult(
-        table=table, searched=searched, invalid=int((~valid).sum()), out_of_memory=int((~fits).sum()),
-        lost_to=lost_to, seconds=time.perf_counter() - start,
+        table=table,
+        searched=searched,
+        invalid=int((~valid).sum()),
+        out_of_memory=int((~fits).sum()),
+        lost_to=lost_to,
+        seconds=time.perf_counter() - start,
     )

@@ -72,8 +72,9 @@ class CalibrationRun:
     target: Path
 
 
-def calibrate_table(out: Path, table: str | Path | None = None, efficiency: Path | None = None,
-                    status: Any = None) -> CalibrationRun:
+def calibrate_table(
+    out: Path, table: str | Path | None = None, efficiency: Path | None = None, status: Any = None
+) -> CalibrationRun:
     """Refit the efficiency constants to the calibration rows of ``table``, starting from (and templated on)
     ``efficiency`` or the shipped file, and write them to ``out``. ``status(text)`` is an optional context
     manager shown while fitting."""
@@ -99,6 +100,7 @@ def calibrate_table(out: Path, table: str | Path | None = None, efficiency: Path
     target.parent.mkdir(parents=True, exist_ok=True)
     write_efficiency(eff, template, target)
     old, new = base.model_dump(), eff.model_dump()
-    fitted = [(section, key, lo, hi, _get(old, section, key), _get(new, section, key))
-              for section, key, lo, hi in FITTED]
+    fitted = [
+        (section, key, lo, hi, _get(old, section, key), _get(new, section, key)) for section, key, lo, hi in FITTED
+    ]
     return CalibrationRun(path, n_cal, old, new, fitted, before, after, fit, template, target)

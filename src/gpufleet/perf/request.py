@@ -20,9 +20,18 @@ if TYPE_CHECKING:
     from gpufleet.perf.system import System
     from gpufleet.spec import ClusterSpec
 
-__all__ = ["DEFAULT_GPU", "DEFAULT_NIC", "LayoutRequest", "PerfRequest", "PlanOutcome", "catalog_rows", "derive_layout",
-           "estimate",
-           "parse_tokens", "plan"]
+__all__ = [
+    "DEFAULT_GPU",
+    "DEFAULT_NIC",
+    "LayoutRequest",
+    "PerfRequest",
+    "PlanOutcome",
+    "catalog_rows",
+    "derive_layout",
+    "estimate",
+    "parse_tokens",
+    "plan",
+]
 
 DEFAULT_GPU = "a100-80g"
 DEFAULT_NIC = "ib-hdr"
@@ -75,9 +84,17 @@ class PerfRequest:
         """The catalog model or file, with any shape field overridden."""
         from gpufleet.perf.model_spec import load_model
 
-        return load_model(self.model, layers=self.layers, hidden=self.hidden, heads=self.heads,
-                          kv_heads=self.kv_heads, ffn_hidden=self.ffn_hidden, vocab=self.vocab, seq=self.seq,
-                          glu=self.glu)
+        return load_model(
+            self.model,
+            layers=self.layers,
+            hidden=self.hidden,
+            heads=self.heads,
+            kv_heads=self.kv_heads,
+            ffn_hidden=self.ffn_hidden,
+            vocab=self.vocab,
+            seq=self.seq,
+            glu=self.glu,
+        )
 
     def cluster_spec(self) -> ClusterSpec | None:
         """The --cluster file, or None; it excludes --gpu/--nic/--gpus-per-node/--nics-per-node."""
@@ -86,8 +103,10 @@ class PerfRequest:
                 raise ConfigError("--pool picks a pool of a --cluster file; pass --cluster too")
             return None
         if any(v is not None for v in (self.gpu, self.nic, self.gpus_per_node, self.nics_per_node)):
-            raise ConfigError("--cluster sets the GPU, NIC and node shape from its pool; "
-                              "drop --gpu/--nic/--gpus-per-node/--nics-per-node or drop --cluster")
+            raise ConfigError(
+                "--cluster sets the GPU, NIC and node shape from its pool; "
+                "drop --gpu/--nic/--gpus-per-node/--nics-per-node or drop --cluster"
+            )
         from gpufleet.spec import load_cluster
 
         return load_cluster(self.cluster)
@@ -98,8 +117,9 @@ class PerfRequest:
 
         if cluster is not None:
             return System.from_cluster(cluster, self.pool)
-        return System.build(self.gpu or DEFAULT_GPU, self.nic or DEFAULT_NIC, self.gpus_per_node or 8,
-                            self.nics_per_node or 8)
+        return System.build(
+            self.gpu or DEFAULT_GPU, self.nic or DEFAULT_NIC, self.gpus_per_node or 8, self.nics_per_node or 8
+        )
 
     def global_batch(self, seq: int) -> int:
         """The global batch in sequences, from --gbs or --gbs-tokens (exactly one of them)."""
@@ -119,8 +139,10 @@ class PerfRequest:
         from gpufleet.perf.options import TrainOptions
 
         common: dict[str, Any] = {
-            "precision": _value(self.precision or "bf16"), "zero": int(self.zero),
-            "flash_attention": bool(self.flash), "sequence_parallel": bool(self.sp),
+            "precision": _value(self.precision or "bf16"),
+            "zero": int(self.zero),
+            "flash_attention": bool(self.flash),
+            "sequence_parallel": bool(self.sp),
             "causal_flops": bool(self.causal_flops),
         }
         if self.tp_overlap:
@@ -163,8 +185,14 @@ def derive_layout(model: ModelSpec, gpus: int, gbs: int, req: LayoutRequest) -> 
     from gpufleet.perf.options import Layout
     from gpufleet.perf.step import layout_problems
 
-    knobs = {"tp": req.tp, "pp": req.pp, "cp": req.cp, "mbs": req.mbs, "vp": req.vp,
-             "recompute": _value(req.recompute or "none")}
+    knobs = {
+        "tp": req.tp,
+        "pp": req.pp,
+        "cp": req.cp,
+        "mbs": req.mbs,
+        "vp": req.vp,
+        "recompute": _value(req.recompute or "none"),
+    }
     for key in ("tp", "pp", "cp", "mbs", "vp"):
         if knobs[key] < 1:
             raise ConfigError(f"--{key} must be at least 1, got {knobs[key]}")
@@ -200,8 +228,9 @@ def estimate(req: PerfRequest, gpus: int, layout: LayoutRequest, megascale: bool
         raise ConfigError(f"--gpus must be at least 1, got {gpus}")
     gbs = req.global_batch(model.seq)
     chosen = derive_layout(model, gpus, gbs, layout)
-    return estimate_step(model, system, chosen, gbs, options=req.options(megascale),
-                         efficiency=req.efficiency_constants())
+    return estimate_step(
+        model, system, chosen, gbs, options=req.options(megascale), efficiency=req.efficiency_constants()
+    )
 
 
 @dataclass(frozen=True)
@@ -219,8 +248,14 @@ class PlanOutcome:
     cluster: ClusterSpec | None = None
 
 
-def plan(req: PerfRequest, gpus: int | None, top: int = 10, recompute: tuple[str, ...] | None = None,
-         max_tp: int | None = None, max_cp: int | None = None) -> PlanOutcome:
+def plan(
+    req: PerfRequest,
+    gpus: int | None,
+    top: int = 10,
+    recompute: tuple[str, ...] | None = None,
+    max_tp: int | None = None,
+    max_cp: int | None = None,
+) -> PlanOutcome:
     """Search every layout of the request and rank those that fit (``top`` fastest); ``recompute`` limits the
     recompute modes (None: all)."""
     from gpufleet.perf.flops import RECOMPUTE_MODES
@@ -243,8 +278,18 @@ def plan(req: PerfRequest, gpus: int | None, top: int = 10, recompute: tuple[str
     if max_tp is not None and max_tp < 1:
         raise ConfigError(f"--max-tp must be at least 1, got {max_tp}")
     options = req.options()
-    res = plan_layouts(model, system, gpus, gbs, options=options, efficiency=req.efficiency_constants(), top=top,
-                       recompute=modes, max_tp=max_tp, max_cp=max_cp)
+    res = plan_layouts(
+        model,
+        system,
+        gpus,
+        gbs,
+        options=options,
+        efficiency=req.efficiency_constants(),
+        top=top,
+        recompute=modes,
+        max_tp=max_tp,
+        max_cp=max_cp,
+    )
     return PlanOutcome(model=model, gbs=gbs, options=options, result=res, system=system, gpus=gpus)
 
 
@@ -270,8 +315,19 @@ def catalog_rows() -> list[dict[str, Any]]:
     from gpufleet.perf.flops import param_count
     from gpufleet.perf.model_spec import model_catalog
 
-    return [{
-        "name": m.name, "layers": m.layers, "hidden": m.hidden, "heads": m.heads, "kv_heads": m.kv_heads_eff,
-        "ffn": m.ffn, "glu": m.glu, "vocab": m.vocab, "seq": m.seq, "params_b": param_count(m) / 1e9,
-        "aliases": list(m.aliases),
-    } for m in model_catalog().specs.values()]
+    return [
+        {
+            "name": m.name,
+            "layers": m.layers,
+            "hidden": m.hidden,
+            "heads": m.heads,
+            "kv_heads": m.kv_heads_eff,
+            "ffn": m.ffn,
+            "glu": m.glu,
+            "vocab": m.vocab,
+            "seq": m.seq,
+            "params_b": param_count(m) / 1e9,
+            "aliases": list(m.aliases),
+        }
+        for m in model_catalog().specs.values()
+    ]

@@ -156,8 +156,11 @@ def evaluate(
     stage_stride = tp * cp * dp
     p2p_bw = np.where(stage_stride >= per_node, nic_bw, intra_bw)
     p2p_alpha = np.where(stage_stride >= per_node, nic_alpha, intra_alpha)
-    regather = np.where(opt.sequence_parallel | (tp == 1), 0.0, coll.hierarchical_all_gather(
-        act_bytes, tp, np.minimum(tp, per_node), intra_bw, nic_bw, intra_alpha, nic_alpha))
+    regather = np.where(
+        opt.sequence_parallel | (tp == 1),
+        0.0,
+        coll.hierarchical_all_gather(act_bytes, tp, np.minimum(tp, per_node), intra_bw, nic_bw, intra_alpha, nic_alpha),
+    )
     t_p2p = coll.p2p(p2p_bytes, p2p_bw, p2p_alpha) + regather
     pp_comm = np.where(pp > 1, 2.0 * (m * vp + pp - 1.0) * t_p2p, 0.0)
     pp_comm = pp_comm * (sw.pp_overlap_exposed if opt.pp_overlap else 1.0)
@@ -350,8 +353,19 @@ def estimate_step(
             raise ConfigError(f"layout {layout.describe()} is invalid: " + "; ".join(problems))
     opts = options or TrainOptions()
     out = evaluate(
-        model, system, gbs, layout.tp, layout.pp, layout.dp, layout.cp, layout.mbs, layout.vp,
-        RECOMPUTE_MODES.index(layout.recompute), s, opts, efficiency,
+        model,
+        system,
+        gbs,
+        layout.tp,
+        layout.pp,
+        layout.dp,
+        layout.cp,
+        layout.mbs,
+        layout.vp,
+        RECOMPUTE_MODES.index(layout.recompute),
+        s,
+        opts,
+        efficiency,
     )
     values = {k: float(np.asarray(v).reshape(-1)[0]) for k, v in out.items()}
     return StepEstimate(model, layout, system, opts, int(gbs), s, values)

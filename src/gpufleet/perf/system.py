@@ -79,7 +79,6 @@ class System:
 
     def describe(self) -> str:
         """One line for reports: '8x A100-80G per node, 8x RoCE v2 200 Gb/s'."""
-        return (
-            f"{self.gpus_per_node}x {self.gpu.name} per node, {self.nics_per_node:g}x {self.nic.display_name}"
-            + (f", 1:{self.oversubscription:g} above {self.rack_gpus} GPUs" if self.oversubscription > 1 else "")
+        return f"{self.gpus_per_node}x {self.gpu.name} per node, {self.nics_per_node:g}x {self.nic.display_name}" + (
+            f", 1:{self.oversubscription:g} above {self.rack_gpus} GPUs" if self.oversubscription > 1 else ""
         )

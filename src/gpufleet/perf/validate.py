@@ -58,8 +58,19 @@ def predict_case(case: Case, efficiency: Efficiency | None = None) -> dict[str, 
     eff = efficiency or default_efficiency()
     cands = np.array(_candidates(case), dtype=float)
     out = evaluate(
-        case.model, case.system, case.gbs, case.tp, case.pp, case.dp, case.cp, cands[:, 0], cands[:, 1], cands[:, 2],
-        case.seq, case.options, eff,
+        case.model,
+        case.system,
+        case.gbs,
+        case.tp,
+        case.pp,
+        case.dp,
+        case.cp,
+        cands[:, 0],
+        cands[:, 1],
+        cands[:, 2],
+        case.seq,
+        case.options,
+        eff,
     )
     step, mem, mfu = (np.broadcast_to(out[k], (len(cands),)) for k in ("step_time_s", "memory_gb", "mfu"))
     fits = mem <= case.system.gpu.memory_gb
@@ -95,33 +106,49 @@ def validate_cases(cases: Sequence[Case], efficiency: Efficiency | None = None) 
     for case in cases:
         p = predict_case(case, efficiency)
         err = abs(p["predicted"] - case.target) / case.target * 100.0
-        rows.append({
-            "row": case.row,
-            "case": case.label,
-            "group": case.group,
-            "split": "calibration" if is_calibration(case) else "held-out",
-            "layout": f"TP{case.tp} PP{case.pp} DP{case.dp} CP{case.cp} mbs{p['mbs']} v{p['vp']} {p['recompute']}",
-            "metric": case.target_kind,
-            "measured": case.target,
-            "predicted": p["predicted"],
-            "error_pct": err,
-            "pred_mfu_pct": p["mfu"] * 100.0,
-            "memory_gb": p["memory_gb"],
-            "fits": p["fits"],
-        })
+        rows.append(
+            {
+                "row": case.row,
+                "case": case.label,
+                "group": case.group,
+                "split": "calibration" if is_calibration(case) else "held-out",
+                "layout": f"TP{case.tp} PP{case.pp} DP{case.dp} CP{case.cp} mbs{p['mbs']} v{p['vp']} {p['recompute']}",
+                "metric": case.target_kind,
+                "measured": case.target,
+                "predicted": p["predicted"],
+                "error_pct": err,
+                "pred_mfu_pct": p["mfu"] * 100.0,
+                "memory_gb": p["memory_gb"],
+                "fits": p["fits"],
+            }
+        )
     return pl.DataFrame(rows)
 
 
 def error_summary(table: pl.DataFrame) -> pl.DataFrame:
     """Mean and max error overall, per split and per source group."""
     parts = [
-        table.select(pl.lit("all rows").alias("subset"), pl.len().alias("rows"),
-                     pl.col("error_pct").mean().alias("mean_pct"), pl.col("error_pct").max().alias("max_pct")),
-        table.group_by("split").agg(pl.len().alias("rows"), pl.col("error_pct").mean().alias("mean_pct"),
-                                    pl.col("error_pct").max().alias("max_pct"))
-        .rename({"split": "subset"}).sort("subset"),
-        table.group_by("group").agg(pl.len().alias("rows"), pl.col("error_pct").mean().alias("mean_pct"),
-                                    pl.col("error_pct").max().alias("max_pct"))
-        .rename({"group": "subset"}).sort("subset"),
+        table.select(
+            pl.lit("all rows").alias("subset"),
+            pl.len().alias("rows"),
+            pl.col("error_pct").mean().alias("mean_pct"),
+            pl.col("error_pct").max().alias("max_pct"),
+        ),
+        table.group_by("split")
+        .agg(
+            pl.len().alias("rows"),
+            pl.col("error_pct").mean().alias("mean_pct"),
+            pl.col("error_pct").max().alias("max_pct"),
+        )
+        .rename({"split": "subset"})
+        .sort("subset"),
+        table.group_by("group")
+        .agg(
+            pl.len().alias("rows"),
+            pl.col("error_pct").mean().alias("mean_pct"),
+            pl.col("error_pct").max().alias("max_pct"),
+        )
+        .rename({"group": "subset"})
+        .sort("subset"),
     ]
     return pl.concat([p.with_columns(pl.col("rows").cast(pl.Int64)) for p in parts])

@@ -98,16 +98,18 @@ _CATEGORY_COLORS = {
 def _findings_table(diagnosis: DiagnosisLike) -> str:
     rows, classes = [], []
     for f in diagnosis.findings:
-        rows.append([
-            "all" if f.rank is None else str(f.rank),
-            f.category,
-            f.function[:90],
-            f"{f.cost_s_per_step * 1e3:.2f}",
-            f"{f.score:.1f}",
-            "yes" if f.alarm else "",
-            f.localiser,
-            _evidence_line(f.evidence),
-        ])
+        rows.append(
+            [
+                "all" if f.rank is None else str(f.rank),
+                f.category,
+                f.function[:90],
+                f"{f.cost_s_per_step * 1e3:.2f}",
+                f"{f.score:.1f}",
+                "yes" if f.alarm else "",
+                f.localiser,
+                _evidence_line(f.evidence),
+            ]
+        )
         classes.append(["best" if f.alarm else ""] + [""] * 7)
     if not rows:
         return '<p class="note">No findings: every rank behaves like the others and no shared pattern fired.</p>'
@@ -147,16 +149,23 @@ def _step_figure(steps: pl.DataFrame) -> go.Figure:
             colour = PALETTE[len([t for t in traces if t.get("legendgroup") != "others"]) % len(PALETTE)]
             trace["line"] = {"color": colour, "width": 2}
         else:  # one legend entry stands for every unnamed rank
-            trace.update(line={"color": "#c0c4cc", "width": 1}, marker={"size": 3}, legendgroup="others",
-                         showlegend=not grey_shown, name="other ranks")
+            trace.update(
+                line={"color": "#c0c4cc", "width": 1},
+                marker={"size": 3},
+                legendgroup="others",
+                showlegend=not grey_shown,
+                name="other ranks",
+            )
             grey_shown = True
         traces.append(trace)
     traces.sort(key=lambda t: t.get("legendgroup") != "others")  # grey lines underneath the named ones
     title = "Step time per rank" if len(named) == len(ranks) else f"Step time per rank (the {len(named)} slowest named)"
     first, last = (int(steps["step"].min()), int(steps["step"].max())) if steps.height else (0, 1)
     xaxis = {"tick0": first, "dtick": max(1, math.ceil((last - first) / 10))}  # whole steps only
-    return go.Figure(data=traces, layout=house_layout(title=title, x_title="step", y_title="ms per step",
-                                                      xaxis=xaxis, hovermode="closest"))
+    return go.Figure(
+        data=traces,
+        layout=house_layout(title=title, x_title="step", y_title="ms per step", xaxis=xaxis, hovermode="closest"),
+    )
 
 
 def _category_figure(cats: pl.DataFrame) -> go.Figure:
@@ -166,17 +175,34 @@ def _category_figure(cats: pl.DataFrame) -> go.Figure:
     for category in sorted(host["category"].unique().to_list()):
         c = host.filter(pl.col("category") == category)
         values = dict(zip(c["rank"].to_list(), (c["s_per_step"] * 1e3).to_list(), strict=True))
-        traces.append({"type": "bar", "x": [str(r) for r in ranks], "y": [values.get(r, 0.0) for r in ranks],
-                       "name": category, "marker": {"color": _CATEGORY_COLORS.get(category, "#9c755f")}})
-    layout = house_layout(title="Host time per step by category", x_title="rank",
-                          y_title="ms per step (blocking waits included)", xaxis={"type": "category"}, barmode="stack")
+        traces.append(
+            {
+                "type": "bar",
+                "x": [str(r) for r in ranks],
+                "y": [values.get(r, 0.0) for r in ranks],
+                "name": category,
+                "marker": {"color": _CATEGORY_COLORS.get(category, "#9c755f")},
+            }
+        )
+    layout = house_layout(
+        title="Host time per step by category",
+        x_title="rank",
+        y_title="ms per step (blocking waits included)",
+        xaxis={"type": "category"},
+        barmode="stack",
+    )
     return go.Figure(data=traces, layout=layout)
 
 
 def _heatmap(analyzer: TraceAnalyzerLike, top: int = 30) -> go.Figure:
     per = analyzer.per_step.group_by("rank", "domain", "function").agg(pl.col("time_s").mean())
-    keep = (per.group_by("domain", "function").agg(pl.col("time_s").max()).sort("time_s", descending=True)
-            .head(top).select("domain", "function"))
+    keep = (
+        per.group_by("domain", "function")
+        .agg(pl.col("time_s").max())
+        .sort("time_s", descending=True)
+        .head(top)
+        .select("domain", "function")
+    )
     per = per.join(keep, on=["domain", "function"])
     ranks = sorted(per["rank"].unique().to_list())
     labels = [f"{d}: {f[:60]}" for d, f in keep.iter_rows()]
@@ -184,15 +210,26 @@ def _heatmap(analyzer: TraceAnalyzerLike, top: int = 30) -> go.Figure:
     for rank, d, f, t in per.iter_rows():
         grid[(d, f)][rank] = t * 1e3
     z = [[grid[key].get(r, 0.0) for r in ranks] for key in grid]
-    heat = {"type": "heatmap", "z": z, "x": [str(r) for r in ranks], "y": labels, "colorscale": "Viridis",
-            "colorbar": {"title": {"text": "ms/step"}}}
-    layout = house_layout(title=f"Time per step of the top {len(labels)} functions, by rank", x_title="rank",
-                          xaxis={"type": "category"}, yaxis={"autorange": "reversed", "type": "category"})
+    heat = {
+        "type": "heatmap",
+        "z": z,
+        "x": [str(r) for r in ranks],
+        "y": labels,
+        "colorscale": "Viridis",
+        "colorbar": {"title": {"text": "ms/step"}},
+    }
+    layout = house_layout(
+        title=f"Time per step of the top {len(labels)} functions, by rank",
+        x_title="rank",
+        xaxis={"type": "category"},
+        yaxis={"autorange": "reversed", "type": "category"},
+    )
     return go.Figure(data=[heat], layout=layout)
 
 
-def write_diagnose_report(analyzer: TraceAnalyzerLike, diagnosis: DiagnosisLike, path: str | Path,
-                          *, title: str = "gpufleet diagnose") -> Path:
+def write_diagnose_report(
+    analyzer: TraceAnalyzerLike, diagnosis: DiagnosisLike, path: str | Path, *, title: str = "gpufleet diagnose"
+) -> Path:
     """Write the self-contained HTML report of ``diagnosis`` to ``path``; return the path."""
     files = analyzer.traces.files
     context = {
@@ -204,16 +241,24 @@ def write_diagnose_report(analyzer: TraceAnalyzerLike, diagnosis: DiagnosisLike,
     figs = [_step_figure(analyzer.step_times()), _category_figure(analyzer.category_time()), _heatmap(analyzer)]
     rows = len(figs[2].data[0].y) if figs[2].data else 0
     heights = ["440px", "440px", f"{max(360, 160 + 24 * rows)}px"]  # the heat map: one readable band per function
-    divs = [html.figure_div(fig, div_id=f"fig-{i}", include_plotlyjs=i == 0, height=heights[i])
-            for i, fig in enumerate(figs)]
+    divs = [
+        html.figure_div(fig, div_id=f"fig-{i}", include_plotlyjs=i == 0, height=heights[i])
+        for i, fig in enumerate(figs)
+    ]
     body = [
         html.kv_table(context),
-        html.section("Findings", _findings_table(diagnosis),
-                     note="Ranked by time lost per step; alarms passed both the score and the cost thresholds."),
+        html.section(
+            "Findings",
+            _findings_table(diagnosis),
+            note="Ranked by time lost per step; alarms passed both the score and the cost thresholds.",
+        ),
         html.section("Steps", html.grid(divs[0], divs[1])),
-        html.section("Function time by rank", divs[2],
-                     note="Host ops by self time, device kernels by duration; a column unlike the others is the "
-                          "rank to look at."),
+        html.section(
+            "Function time by rank",
+            divs[2],
+            note="Host ops by self time, device kernels by duration; a column unlike the others is the "
+            "rank to look at.",
+        ),
     ]
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -40,10 +40,19 @@ def _metrics_table(table: pl.DataFrame) -> str:
     best = table["precision"].max()
     rows, classes = [], []
     for r in table.iter_rows(named=True):
-        rows.append([r["model"], r["mode"], f"{r['alerts']:,}", f"{r['true_alerts']:,}",
-                     f"{100 * r['precision']:.1f} %", f"{100 * r['recall']:.1f} %", f"{r['f1']:.3f}",
-                     f"{r['caught']:,}",
-                     "-" if r["lead_h_median"] is None else f"{r['lead_h_median']:.0f}"])
+        rows.append(
+            [
+                r["model"],
+                r["mode"],
+                f"{r['alerts']:,}",
+                f"{r['true_alerts']:,}",
+                f"{100 * r['precision']:.1f} %",
+                f"{100 * r['recall']:.1f} %",
+                f"{r['f1']:.3f}",
+                f"{r['caught']:,}",
+                "-" if r["lead_h_median"] is None else f"{r['lead_h_median']:.0f}",
+            ]
+        )
         classes.append(["", "", "", "", "best" if r["precision"] == best else "", "", "", "", ""])
     return html.table(header, rows, cell_classes=classes, text_columns=(1,))
 
@@ -56,11 +65,19 @@ def _model_colors(*frames: pl.DataFrame) -> dict[str, str]:
 def _monthly_figure(monthly: pl.DataFrame, colors: dict[str, str]) -> go.Figure:
     traces: list[dict[str, Any]] = []
     for (model, mode), part in monthly.sort("month").group_by(["model", "mode"], maintain_order=True):
-        traces.append({"type": "scatter", "x": part["month"].to_list(), "y": (100 * part["precision"]).to_list(),
-                       "mode": "lines+markers", "name": f"{model} ({mode})",
-                       "line": {"dash": "dot" if mode == "once" else "solid", "color": colors[model]}})
-    layout = house_layout(title="Precision by month",
-                          x_title="month", y_title="precision %", xaxis={"type": "category"})
+        traces.append(
+            {
+                "type": "scatter",
+                "x": part["month"].to_list(),
+                "y": (100 * part["precision"]).to_list(),
+                "mode": "lines+markers",
+                "name": f"{model} ({mode})",
+                "line": {"dash": "dot" if mode == "once" else "solid", "color": colors[model]},
+            }
+        )
+    layout = house_layout(
+        title="Precision by month", x_title="month", y_title="precision %", xaxis={"type": "category"}
+    )
     return go.Figure(data=traces, layout=layout)
 
 
@@ -68,27 +85,40 @@ def _lead_figure(alerts: pl.DataFrame, colors: dict[str, str]) -> go.Figure:
     traces: list[dict[str, Any]] = []
     right = alerts.filter(pl.col("true"))
     for (model, mode), part in right.group_by(["model", "mode"], maintain_order=True):
-        traces.append({"type": "box", "y": part["lead_h"].to_list(), "name": f"{model} ({mode})", "boxmean": True,
-                       "marker": {"color": colors[model]}})
-    layout = house_layout(title="Hours from a right alert to the failure", y_title="hours",
-                          xaxis={"type": "category"})
+        traces.append(
+            {
+                "type": "box",
+                "y": part["lead_h"].to_list(),
+                "name": f"{model} ({mode})",
+                "boxmean": True,
+                "marker": {"color": colors[model]},
+            }
+        )
+    layout = house_layout(title="Hours from a right alert to the failure", y_title="hours", xaxis={"type": "category"})
     return go.Figure(data=traces, layout=layout)
 
 
-def write_health_report(result: EvaluationLike, path: str | Path, *, context: dict[str, str] | None = None,
-                        title: str = "gpufleet health") -> Path:
+def write_health_report(
+    result: EvaluationLike, path: str | Path, *, context: dict[str, str] | None = None, title: str = "gpufleet health"
+) -> Path:
     """Write the self-contained HTML report of an evaluation to ``path``; return the path."""
     colors = _model_colors(result.table)
     figs = [_monthly_figure(result.monthly, colors), _lead_figure(result.alerts, colors)]
     divs = [html.figure_div(fig, div_id=f"fig-{i}", include_plotlyjs=i == 0) for i, fig in enumerate(figs)]
     body = [
         html.kv_table({**(context or {}), "failures in the test span": f"{result.failures:,}"}),
-        html.section("Models", _metrics_table(result.table),
-                     note="Each model alerts on at most its budget of GPUs per round; an alert is right when the GPU "
-                          "fails within the horizon. Ensembles raise fewer alerts than the budget by design."),
-        html.section("Over time", html.grid(divs[0], divs[1]),
-                     note="Dotted: trained once on the first weeks; solid: refit at the start of every period on the "
-                          "most recent weeks (sliding)."),
+        html.section(
+            "Models",
+            _metrics_table(result.table),
+            note="Each model alerts on at most its budget of GPUs per round; an alert is right when the GPU "
+            "fails within the horizon. Ensembles raise fewer alerts than the budget by design.",
+        ),
+        html.section(
+            "Over time",
+            html.grid(divs[0], divs[1]),
+            note="Dotted: trained once on the first weeks; solid: refit at the start of every period on the "
+            "most recent weeks (sliding).",
+        ),
     ]
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -70,8 +70,7 @@ def table(
         body.append(f"<tr>{cells}</tr>")
     attr = f' class="{escape(css_class)}"' if css_class else ""
     return (
-        f'<div class="scroll"><table{attr}><thead><tr>{head}</tr></thead>'
-        f"<tbody>{''.join(body)}</tbody></table></div>"
+        f'<div class="scroll"><table{attr}><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table></div>'
     )
 
 

@@ -263,9 +263,7 @@ def grouped_bar(
     }
     for name, values in cleaned.items():
         if values.size != len(groups):
-            raise ValueError(
-                f"grouped_bar: series {name!r} has {values.size} values for {len(groups)} groups"
-            )
+            raise ValueError(f"grouped_bar: series {name!r} has {values.size} values for {len(groups)} groups")
     scale = 1.0
     if seconds:
         finite = [v[np.isfinite(v)] for v in cleaned.values()]

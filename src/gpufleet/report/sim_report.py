@@ -37,6 +37,7 @@ class RunResult(Protocol):
     timeline: pl.DataFrame
     total_gpus: int
 
+
 #: Points per CDF curve and buckets per timeline: enough to look exact, small enough to stay light.
 CDF_POINTS = 500
 TIMELINE_BUCKETS = 2000
@@ -90,6 +91,7 @@ _SUMMARY_GROUPS: tuple[tuple[str, tuple[tuple[str, str, Any, str | None], ...]],
 )
 #: Summary keys no group names (failure runs add a dozen) go into further tables of at most this many columns.
 EXTRA_COLUMNS_PER_TABLE = 8
+
 
 def write_sim_report(
     results: Sequence[RunResult],
@@ -242,9 +244,7 @@ def _column(frame: pl.DataFrame, name: str) -> np.ndarray:
     return frame.get_column(name).cast(pl.Float64).to_numpy()
 
 
-def _cdf_section(
-    results: Sequence[RunResult], labels: Sequence[str], colors: Mapping[str, str], figs: _Figures
-) -> str:
+def _cdf_section(results: Sequence[RunResult], labels: Sequence[str], colors: Mapping[str, str], figs: _Figures) -> str:
     jct = {label: _column(r.jobs, "jct_s") for r, label in zip(results, labels, strict=True)}
     queue = {label: _column(r.jobs, "queue_s") for r, label in zip(results, labels, strict=True)}
     jct_fig = cdf_figure(
@@ -265,8 +265,9 @@ def _cdf_section(
     )
 
 
-def _loan_figures(results: Sequence[RunResult], labels: Sequence[str], colors: Mapping[str, str],
-                  common: Mapping[str, Any]) -> list[Any]:
+def _loan_figures(
+    results: Sequence[RunResult], labels: Sequence[str], colors: Mapping[str, str], common: Mapping[str, Any]
+) -> list[Any]:
     """Aryl runs: inference servers needed and servers on loan over time, and training GPUs on loaned servers."""
     loaned: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     used: dict[str, tuple[np.ndarray, np.ndarray]] = {}
@@ -287,8 +288,9 @@ def _loan_figures(results: Sequence[RunResult], labels: Sequence[str], colors: M
         series = {"inference servers needed": demand, **series}
         palette["inference servers needed"] = "#444444"
     figs = [
-        timeline_figure(series, title="Inference demand and servers on loan", y_title="servers",
-                        **{**common, "colors": palette}),
+        timeline_figure(
+            series, title="Inference demand and servers on loan", y_title="servers", **{**common, "colors": palette}
+        ),
         timeline_figure(used, title="Training GPUs on loaned servers", y_title="GPUs", **common),
     ]
     for fig in figs:  # name the run even when only one of the compared runs loans servers
@@ -352,9 +354,7 @@ def _timeline_section(
     )
 
 
-def _vc_section(
-    results: Sequence[RunResult], labels: Sequence[str], colors: Mapping[str, str], figs: _Figures
-) -> str:
+def _vc_section(results: Sequence[RunResult], labels: Sequence[str], colors: Mapping[str, str], figs: _Figures) -> str:
     frames = [breakdown(r.jobs, "vc") for r in results]
     jobs_per_vc: dict[str, int] = {}
     for frame in frames:
@@ -398,13 +398,7 @@ def _bars(
     for metric, name in (("avg_jct_s", "avg JCT"), ("avg_queue_s", "avg queueing delay")):
         series = {}
         for frame, label in zip(frames, labels, strict=True):
-            values = dict(
-                zip(frame.get_column("group").to_list(), frame.get_column(metric).to_list(), strict=True)
-            )
+            values = dict(zip(frame.get_column("group").to_list(), frame.get_column(metric).to_list(), strict=True))
             series[label] = [values.get(g) for g in order]
-        out.append(
-            grouped_bar(
-                order, series, title=f"{name} per {what}", y_title=name, x_title=x_title, colors=colors
-            )
-        )
+        out.append(grouped_bar(order, series, title=f"{name} per {what}", y_title=name, x_title=x_title, colors=colors))
     return out

@@ -39,8 +39,9 @@ class ArylPolicy(Policy):
         if self.opts["solver"] not in SOLVERS:
             raise ConfigError(f"solver='{self.opts['solver']}' is not one of {', '.join(SOLVERS)}")
         if self.opts["reclaim_weight"] not in RECLAIM_WEIGHTS:
-            raise ConfigError(f"reclaim_weight='{self.opts['reclaim_weight']}' is not one of "
-                              f"{', '.join(RECLAIM_WEIGHTS)}")
+            raise ConfigError(
+                f"reclaim_weight='{self.opts['reclaim_weight']}' is not one of {', '.join(RECLAIM_WEIGHTS)}"
+            )
 
     # -- phase 1 ---------------------------------------------------------------------------------
     def waiting_key(self, j: int, now: float) -> float:
@@ -107,8 +108,9 @@ class ArylPolicy(Policy):
     # -- reclaiming ------------------------------------------------------------------------------
     def servers_to_return(self, instance: ReclaimInstance, count: int, seed: int) -> list[int]:
         """The ``count`` loaned servers to give back to inference, by the ``reclaim`` option's method."""
-        return pick_servers(instance, count, str(self.opts["reclaim"]), seed=seed,
-                            weight=str(self.opts["reclaim_weight"]))
+        return pick_servers(
+            instance, count, str(self.opts["reclaim"]), seed=seed, weight=str(self.opts["reclaim_weight"])
+        )
 
 
 @register

@@ -66,8 +66,9 @@ def _validate(values: Sequence[np.ndarray], weights: Sequence[np.ndarray], capac
     return vals, wts
 
 
-def solve_mckp(values: Sequence[np.ndarray], weights: Sequence[np.ndarray], capacity: int, *,
-               check: bool = True) -> tuple[float, list[int]]:
+def solve_mckp(
+    values: Sequence[np.ndarray], weights: Sequence[np.ndarray], capacity: int, *, check: bool = True
+) -> tuple[float, list[int]]:
     """Pick exactly one item per class maximising total value with total weight <= capacity.
 
     Class ``i`` has items ``k = 0..K_i-1`` with float ``values[i][k]`` (negative allowed) and non-negative
@@ -192,8 +193,12 @@ def greedy_mckp(values: Sequence[np.ndarray], weights: Sequence[np.ndarray], cap
 
 
 def solve(
-    values: Sequence[np.ndarray], weights: Sequence[np.ndarray], capacity: int, max_cells: int = 5_000_000,
-    *, check: bool = True,
+    values: Sequence[np.ndarray],
+    weights: Sequence[np.ndarray],
+    capacity: int,
+    max_cells: int = 5_000_000,
+    *,
+    check: bool = True,
 ) -> tuple[float, list[int]]:
     """Solve MCKP exactly with :func:`solve_mckp` when the DP is small enough, else with :func:`greedy_mckp`.
 

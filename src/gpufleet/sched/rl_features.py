@@ -44,7 +44,7 @@ def observe(sim: Any, j: int, p: int, part: Any, cands: list, scores: list) -> n
         speed, ratio, harm = sc
         loads = [net.nic_load(p, node) for node, _ in cand] if net is not None and n > 1 else [0.0]
         fill = sum((part.gpus_per_node - part.free[node] + c) for node, c in cand) / (n * gpn)
-        obs[base:base + SLOT_FEATURES] = (1.0, n / 8.0, speed, ratio, harm / g, min(max(loads), 4.0) / 4.0, fill)
+        obs[base : base + SLOT_FEATURES] = (1.0, n / 8.0, speed, ratio, harm / g, min(max(loads), 4.0) / 4.0, fill)
     base = N_SLOTS * SLOT_FEATURES
     prof = net.comm.profile[j] if net is not None else None
     if prof is not None and g > 1:
@@ -68,16 +68,28 @@ def observe(sim: Any, j: int, p: int, part: Any, cands: list, scores: list) -> n
         if enough < len(order):
             soon = float(np.clip(left[order[enough]] / horizon, 0.0, 4.0)) / 4.0
         freeing = min(float(size[left <= 0.25 * horizon].sum()) / g, 4.0) / 4.0
-    obs[base:base + JOB_FEATURES] = (min(s2, 2.0), min(p2, 4.0) / 4.0, g / gpn, math.log1p(rem_h) / 3.0, soon,
-                                     freeing)
+    obs[base : base + JOB_FEATURES] = (
+        min(s2, 2.0),
+        min(p2, 4.0) / 4.0,
+        g / gpn,
+        math.log1p(rem_h) / 3.0,
+        soon,
+        freeing,
+    )
     base += JOB_FEATURES
     total = sim.total_gpus
     whole = sum(len(q.buckets[q.gpus_per_node]) for q in sim.parts)
     nodes = sum(q.nodes for q in sim.parts)
-    mean_load = (sum(net.load[i] for i, up in enumerate(net.uplink) if not up) / max(nodes, 1)
-                 if net is not None else 0.0)
-    obs[base:base + CLUSTER_FEATURES] = (sim.busy / total, whole / nodes, math.log1p(sim.n_waiting / nodes) / 4.0,
-                                         min(sim.waiting_gpus / total, 4.0) / 4.0, min(mean_load, 4.0) / 4.0)
+    mean_load = (
+        sum(net.load[i] for i, up in enumerate(net.uplink) if not up) / max(nodes, 1) if net is not None else 0.0
+    )
+    obs[base : base + CLUSTER_FEATURES] = (
+        sim.busy / total,
+        whole / nodes,
+        math.log1p(sim.n_waiting / nodes) / 4.0,
+        min(sim.waiting_gpus / total, 4.0) / 4.0,
+        min(mean_load, 4.0) / 4.0,
+    )
     return obs
 
 

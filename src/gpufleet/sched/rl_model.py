@@ -72,8 +72,10 @@ def read_actor(path: str | Path) -> ActorMLP:
             data = json.loads(zf.read("data"))
             raw = zf.read("policy.pth")
     except (KeyError, OSError, ValueError, zipfile.BadZipFile) as exc:
-        raise ConfigError(f"cannot load RL model {path}: not a stable-baselines3 model zip ({why_unreadable(exc)}); "
-                          "train one with `gpufleet sched train-rl`") from None
+        raise ConfigError(
+            f"cannot load RL model {path}: not a stable-baselines3 model zip ({why_unreadable(exc)}); "
+            "train one with `gpufleet sched train-rl`"
+        ) from None
     try:
         return _actor(data, _load_state_dict(raw))
     except ConfigError as exc:
@@ -112,8 +114,7 @@ def _actor(data: Any, state: dict[str, Any]) -> ActorMLP:
         if not isinstance(w, torch.Tensor) or not (b is None or isinstance(b, torch.Tensor)):
             raise ConfigError(f"its policy lacks the weights of {name}")
         if w.dim() != 2 or (b is not None and tuple(b.shape) != (w.shape[0],)):
-            raise ConfigError(f"its policy layer {name} is not a Linear layer; gpufleet reads plain MLP policies "
-                              "only")
+            raise ConfigError(f"its policy layer {name} is not a Linear layer; gpufleet reads plain MLP policies only")
         weights.append(w.detach().float().numpy().T.copy())
         biases.append(b.detach().float().numpy().copy() if b is not None else None)
     for a, b in itertools.pairwise(weights):
@@ -150,4 +151,3 @@ def _readable(entry: Any, key: str, type_name: str) -> Any:
         return json.loads(str(entry.get(key)))
     except ValueError:
         raise ConfigError(f"its observation space has no readable {key}") from None
-

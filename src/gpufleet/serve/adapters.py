@@ -22,8 +22,9 @@ from gpufleet.serve.config import LlamaConfig
 from gpufleet.serve.lora_llama import PROJECTIONS
 from gpufleet.serve.protocol import UnknownAdapterError
 
-_KEY = re.compile(r"layers\.(\d+)\.(?:self_attn|mlp)\.(" + "|".join(PROJECTIONS)
-                  + r")\.lora_([AB])(?:\.[\w-]+)?\.weight$")
+_KEY = re.compile(
+    r"layers\.(\d+)\.(?:self_attn|mlp)\.(" + "|".join(PROJECTIONS) + r")\.lora_([AB])(?:\.[\w-]+)?\.weight$"
+)
 _UNSUPPORTED = {"use_dora": "DoRA", "fan_in_fan_out": "fan_in_fan_out (Conv1D layers)"}
 
 
@@ -42,7 +43,7 @@ class LoRAAdapter:
 
 def _scale(config: dict, module_key: str, rank: int) -> float:
     alpha = config.get("alpha_pattern", {}).get(module_key, config.get("lora_alpha", rank))
-    return alpha / (rank ** 0.5) if config.get("use_rslora") else alpha / rank
+    return alpha / (rank**0.5) if config.get("use_rslora") else alpha / rank
 
 
 def load_peft_adapter(folder: str | Path, model_config: LlamaConfig, name: str | None = None) -> LoRAAdapter:
@@ -52,8 +53,10 @@ def load_peft_adapter(folder: str | Path, model_config: LlamaConfig, name: str |
     folder = Path(folder)
     cfg_path, weights_path = folder / "adapter_config.json", folder / "adapter_model.safetensors"
     if not cfg_path.is_file() or not weights_path.is_file():
-        raise ServeError(f"{folder}: a PEFT adapter needs adapter_config.json and adapter_model.safetensors "
-                         "(save it with PeftModel.save_pretrained)")
+        raise ServeError(
+            f"{folder}: a PEFT adapter needs adapter_config.json and adapter_model.safetensors "
+            "(save it with PeftModel.save_pretrained)"
+        )
     config = json.loads(cfg_path.read_text())
     if config.get("peft_type", "LORA") != "LORA":
         raise ServeError(f"{cfg_path}: peft_type {config.get('peft_type')!r}; only LoRA adapters can be batched")
@@ -74,13 +77,17 @@ def load_peft_adapter(folder: str | Path, model_config: LlamaConfig, name: str |
     rank = 0
     for (layer, proj), ab in sorted(parts.items()):
         if set(ab) != {"A", "B"} or layer >= model_config.num_hidden_layers:
-            raise ServeError(f"{weights_path}: layer {layer} {proj} has {sorted(ab)} (needs lora_A and lora_B "
-                             f"of a layer below {model_config.num_hidden_layers})")
+            raise ServeError(
+                f"{weights_path}: layer {layer} {proj} has {sorted(ab)} (needs lora_A and lora_B "
+                f"of a layer below {model_config.num_hidden_layers})"
+            )
         a, b = ab["A"], ab["B"]
         h_in, h_out = shapes[proj]
         if a.shape[1] != h_in or b.shape[0] != h_out or a.shape[0] != b.shape[1]:
-            raise ServeError(f"{weights_path}: layer {layer} {proj}: A {tuple(a.shape)} / B {tuple(b.shape)} do not "
-                             f"fit the base model ({h_in} -> {h_out}); was it trained on another model?")
+            raise ServeError(
+                f"{weights_path}: layer {layer} {proj}: A {tuple(a.shape)} / B {tuple(b.shape)} do not "
+                f"fit the base model ({h_in} -> {h_out}); was it trained on another model?"
+            )
         r = a.shape[0]
         rank = max(rank, r)
         scale = _scale(config, f"model.layers.{layer}.{'self_attn' if proj[0] in 'qkvo' else 'mlp'}.{proj}", r)
@@ -135,17 +142,29 @@ class AdapterStore:
 class AdapterCache:
     """``slots`` adapters resident in stacked device tensors; LRU eviction among adapters no request holds."""
 
-    def __init__(self, store: AdapterStore, slots: int = 32, max_rank: int | None = None,
-                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> None:
+    def __init__(
+        self,
+        store: AdapterStore,
+        slots: int = 32,
+        max_rank: int | None = None,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+    ) -> None:
         cfg = store.model_config
         max_rank = max_rank or store.max_rank()
         self.store, self.slots, self.max_rank = store, slots, max_rank
         self.dtype, self.device = dtype, device
         dims = cfg.projection_shapes()
-        self._a = {(layer, p): torch.zeros(slots, dims[p][0], max_rank, dtype=dtype, device=device)
-                   for layer in range(cfg.num_hidden_layers) for p in PROJECTIONS}
-        self._b = {(layer, p): torch.zeros(slots, max_rank, dims[p][1], dtype=dtype, device=device)
-                   for layer in range(cfg.num_hidden_layers) for p in PROJECTIONS}
+        self._a = {
+            (layer, p): torch.zeros(slots, dims[p][0], max_rank, dtype=dtype, device=device)
+            for layer in range(cfg.num_hidden_layers)
+            for p in PROJECTIONS
+        }
+        self._b = {
+            (layer, p): torch.zeros(slots, max_rank, dims[p][1], dtype=dtype, device=device)
+            for layer in range(cfg.num_hidden_layers)
+            for p in PROJECTIONS
+        }
         self.scales = torch.ones(slots, dtype=torch.float32, device=device)
         self._slot_of: OrderedDict[str, int] = OrderedDict()  # LRU order: least recent first
         self._holders: dict[str, int] = {}
@@ -168,8 +187,9 @@ class AdapterCache:
         else:
             adapter = self.store.get(name)
             if adapter.rank > self.max_rank:
-                raise ServeError(f"adapter {name!r} has rank {adapter.rank}, above this server's --max-rank "
-                                 f"{self.max_rank}")
+                raise ServeError(
+                    f"adapter {name!r} has rank {adapter.rank}, above this server's --max-rank {self.max_rank}"
+                )
             slot = self._free.pop() if self._free else self._evict()
             self._write(slot, adapter)
             self._slot_of[name] = slot

@@ -40,8 +40,9 @@ class AsyncEngine:
         self._wake.set()
         self._thread.join(timeout=5)
 
-    async def generate(self, prompt: str | list[int], adapter: str | None, params: SamplingParams,
-                       request_id: str) -> AsyncIterator[GenerationChunk]:
+    async def generate(
+        self, prompt: str | list[int], adapter: str | None, params: SamplingParams, request_id: str
+    ) -> AsyncIterator[GenerationChunk]:
         """Queue the request (refusals raise here, before the first chunk) and stream its chunks."""
         ids = self.engine.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         queue: asyncio.Queue = asyncio.Queue()

@@ -77,7 +77,7 @@ def adapter_group_sizes(n: int, popularity: str) -> list[int]:
     if popularity == "skewed":
         sizes, k = [], 0
         while sum(sizes) < n:
-            sizes.append(min(math.floor(1.5 ** k), n - sum(sizes)))
+            sizes.append(min(math.floor(1.5**k), n - sum(sizes)))
             k += 1
         return sizes
     raise ServeError(f"--popularity {popularity!r}: choose one of {', '.join(POPULARITIES)}")
@@ -95,10 +95,12 @@ def make_workload(config: WorkloadConfig, popularity: str, vocab: int) -> list[B
         adapter_base += len(sizes)
         rng.shuffle(names)
         for i, name in enumerate(names):
-            plen = int(np.clip(rng.lognormal(math.log(config.prompt_median), config.prompt_sigma), 2,
-                               config.max_prompt))
-            olen = int(np.clip(rng.lognormal(math.log(config.output_median), config.output_sigma), 2,
-                               config.max_output))
+            plen = int(
+                np.clip(rng.lognormal(math.log(config.prompt_median), config.prompt_sigma), 2, config.max_prompt)
+            )
+            olen = int(
+                np.clip(rng.lognormal(math.log(config.output_median), config.output_sigma), 2, config.max_output)
+            )
             prompt = rng.integers(0, vocab, plen).tolist()
             requests.append(BenchRequest(f"r{start + i}", prompt, olen, name))
     return requests
@@ -110,9 +112,14 @@ def random_adapters(config: LlamaConfig, names: list[str], rank: int, seed: int 
     dims = config.projection_shapes()
     out = []
     for name in names:
-        weights = {(layer, p): (torch.randn(dims[p][0], rank, generator=gen) * 0.02,
-                                torch.randn(rank, dims[p][1], generator=gen) * 0.02)
-                   for layer in range(config.num_hidden_layers) for p in PROJECTIONS}
+        weights = {
+            (layer, p): (
+                torch.randn(dims[p][0], rank, generator=gen) * 0.02,
+                torch.randn(rank, dims[p][1], generator=gen) * 0.02,
+            )
+            for layer in range(config.num_hidden_layers)
+            for p in PROJECTIONS
+        }
         out.append(LoRAAdapter(name, rank, weights))
     return out
 
@@ -128,8 +135,12 @@ def _serve(engine: Engine, requests: list[BenchRequest], use_adapters: bool) -> 
     gaps: list[float] = []
     first_token: list[float] = []
     for r in requests:
-        engine.add_request(r.id, r.prompt, r.adapter if use_adapters else None,
-                           SamplingParams(max_tokens=r.output_len, ignore_eos=True))
+        engine.add_request(
+            r.id,
+            r.prompt,
+            r.adapter if use_adapters else None,
+            SamplingParams(max_tokens=r.output_len, ignore_eos=True),
+        )
     generated = 0
     while engine.has_work():
         chunks = engine.step()
@@ -146,9 +157,11 @@ def _serve(engine: Engine, requests: list[BenchRequest], use_adapters: bool) -> 
     return {"wall_s": wall, "generated": generated, "gaps": gaps, "first_token": first_token, "steps": engine.steps}
 
 
-def run_system(system: str, model: Any, store: AdapterStore, requests: list[BenchRequest],
-               engine_config: EngineConfig) -> dict[str, Any]:
+def run_system(
+    system: str, model: Any, store: AdapterStore, requests: list[BenchRequest], engine_config: EngineConfig
+) -> dict[str, Any]:
     """One system over the workload -> tokens/s (prompt + generated, as Punica counts) and p50 token latency."""
+
     def fresh() -> Engine:
         return Engine(model, store, engine_config)
 
@@ -169,10 +182,15 @@ def run_system(system: str, model: Any, store: AdapterStore, requests: list[Benc
     # every request arrived at the start: a group served later waited for the groups before it
     offsets = np.cumsum([0.0] + [r["wall_s"] for r in runs[:-1]])
     first = [offset + t for offset, r in zip(offsets, runs, strict=True) for t in r["first_token"]]
-    return {"tokens_per_s": tokens / wall, "generated_tokens": sum(r["generated"] for r in runs),
-            "wall_s": wall, "p50_token_latency_ms": 1000 * float(np.median(gaps)),
-            "p99_token_latency_ms": 1000 * float(np.percentile(gaps, 99)),
-            "p50_first_token_s": float(np.median(first)), "steps": sum(r["steps"] for r in runs)}
+    return {
+        "tokens_per_s": tokens / wall,
+        "generated_tokens": sum(r["generated"] for r in runs),
+        "wall_s": wall,
+        "p50_token_latency_ms": 1000 * float(np.median(gaps)),
+        "p99_token_latency_ms": 1000 * float(np.percentile(gaps, 99)),
+        "p50_first_token_s": float(np.median(first)),
+        "steps": sum(r["steps"] for r in runs),
+    }
 
 
 @dataclass(frozen=True)
@@ -220,8 +238,13 @@ def run_serve_bench(config: ServeBenchConfig, log: Any = print) -> list[dict[str
         longest = config.workload.max_prompt + config.workload.max_output
         block = EngineConfig.block_size
         kv_blocks = config.workload.batch * (-(-longest // block) + 1)
-        engine_config = EngineConfig(max_batch=config.workload.batch, adapter_slots=max(config.workload.batch, 8),
-                                     max_rank=config.rank, kv_blocks=kv_blocks, lora_backend=config.lora_backend)
+        engine_config = EngineConfig(
+            max_batch=config.workload.batch,
+            adapter_slots=max(config.workload.batch, 8),
+            max_rank=config.rank,
+            kv_blocks=kv_blocks,
+            lora_backend=config.lora_backend,
+        )
         warm = Engine(model, store, engine_config)  # first forwards pay one-off costs (allocator, kernels)
         _serve(warm, requests[: min(len(requests), config.workload.batch)][:8], True)
         runs: dict[str, list[dict[str, Any]]] = {system: [] for system in config.systems}
@@ -231,8 +254,9 @@ def run_serve_bench(config: ServeBenchConfig, log: Any = print) -> list[dict[str
                 log(f"{popularity}: {system} ...{turn}")
                 runs[system].append(run_system(system, model, store, requests, engine_config))
         systems = {system: median_run(r) for system, r in runs.items()}
-        results.append({"popularity": popularity, "adapters": len(names), "requests": len(requests),
-                        "systems": systems})
+        results.append(
+            {"popularity": popularity, "adapters": len(names), "requests": len(requests), "systems": systems}
+        )
     return results
 
 
@@ -249,8 +273,14 @@ def bar_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         speedup = s["gpufleet"]["tokens_per_s"] / s["per_adapter"]["tokens_per_s"]
         slowdown = s["base_only"]["tokens_per_s"] / s["gpufleet"]["tokens_per_s"]
-        rows.append({"popularity": r["popularity"], "per_adapter_speedup": speedup, "base_only_slowdown": slowdown,
-                     "met": (speedup >= PUNICA_BAR["per_adapter_speedup"]
-                             and slowdown <= PUNICA_BAR["base_only_slowdown"]) if r["popularity"] == "distinct"
-                     else None})
+        rows.append(
+            {
+                "popularity": r["popularity"],
+                "per_adapter_speedup": speedup,
+                "base_only_slowdown": slowdown,
+                "met": (speedup >= PUNICA_BAR["per_adapter_speedup"] and slowdown <= PUNICA_BAR["base_only_slowdown"])
+                if r["popularity"] == "distinct"
+                else None,
+            }
+        )
     return rows

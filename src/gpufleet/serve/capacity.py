@@ -70,23 +70,53 @@ SERVING_MODELS: dict[str, LlamaConfig] = {
     # meta-llama/Llama-2-7b-hf config.json (LlamaConfig's defaults are exactly this shape)
     "llama2-7b": LlamaConfig(),
     # meta-llama/Llama-2-13b-hf config.json
-    "llama2-13b": LlamaConfig(hidden_size=5120, intermediate_size=13824, num_hidden_layers=40,
-                              num_attention_heads=40, num_key_value_heads=40),
+    "llama2-13b": LlamaConfig(
+        hidden_size=5120, intermediate_size=13824, num_hidden_layers=40, num_attention_heads=40, num_key_value_heads=40
+    ),
     # meta-llama/Meta-Llama-3-8B config.json
-    "llama3-8b": LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                             num_attention_heads=32, num_key_value_heads=8, rope_theta=500000.0,
-                             max_position_embeddings=8192),
+    "llama3-8b": LlamaConfig(
+        vocab_size=128256,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        rope_theta=500000.0,
+        max_position_embeddings=8192,
+    ),
     # meta-llama/Llama-3.2-3B config.json (tied embeddings)
-    "llama3.2-3b": LlamaConfig(vocab_size=128256, hidden_size=3072, intermediate_size=8192, num_hidden_layers=28,
-                               num_attention_heads=24, num_key_value_heads=8, head_dim=128, rope_theta=500000.0,
-                               tie_word_embeddings=True),
+    "llama3.2-3b": LlamaConfig(
+        vocab_size=128256,
+        hidden_size=3072,
+        intermediate_size=8192,
+        num_hidden_layers=28,
+        num_attention_heads=24,
+        num_key_value_heads=8,
+        head_dim=128,
+        rope_theta=500000.0,
+        tie_word_embeddings=True,
+    ),
     # meta-llama/Llama-3.2-1B config.json (tied embeddings)
-    "llama3.2-1b": LlamaConfig(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-                               num_attention_heads=32, num_key_value_heads=8, head_dim=64, rope_theta=500000.0,
-                               tie_word_embeddings=True),
+    "llama3.2-1b": LlamaConfig(
+        vocab_size=128256,
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=64,
+        rope_theta=500000.0,
+        tie_word_embeddings=True,
+    ),
     # TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T config.json
-    "tinyllama-1.1b": LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
-                                  num_attention_heads=32, num_key_value_heads=4, max_position_embeddings=2048),
+    "tinyllama-1.1b": LlamaConfig(
+        hidden_size=2048,
+        intermediate_size=5632,
+        num_hidden_layers=22,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        max_position_embeddings=2048,
+    ),
 }
 """Shapes of published Llama-family models (from each model's Hugging Face config.json)."""
 
@@ -149,10 +179,15 @@ def model_costs(model: LlamaConfig, rank: int, dtype_bytes: int = 2) -> ModelCos
     embedding = 0 if model.tie_word_embeddings else model.vocab_size * model.hidden_size
     adapter = layers * rank * sum(i + o for i, o in dims)
     q_width = model.num_attention_heads * model.head_size
-    return ModelCosts(weight_bytes=linear * dtype_bytes, resident_bytes=(linear + embedding) * dtype_bytes,
-                      adapter_bytes=adapter * dtype_bytes, flops_per_token=2.0 * linear,
-                      adapter_flops_per_token=2.0 * adapter, attention_flops_per_context_token=4.0 * layers * q_width,
-                      kv_bytes_per_token=model.kv_bytes_per_token(dtype_bytes))
+    return ModelCosts(
+        weight_bytes=linear * dtype_bytes,
+        resident_bytes=(linear + embedding) * dtype_bytes,
+        adapter_bytes=adapter * dtype_bytes,
+        flops_per_token=2.0 * linear,
+        adapter_flops_per_token=2.0 * adapter,
+        attention_flops_per_context_token=4.0 * layers * q_width,
+        kv_bytes_per_token=model.kv_bytes_per_token(dtype_bytes),
+    )
 
 
 def resolve_model(model: str | LlamaConfig) -> LlamaConfig:
@@ -164,8 +199,9 @@ def resolve_model(model: str | LlamaConfig) -> LlamaConfig:
     try:
         return LlamaConfig.load(model)
     except ServeError:
-        raise ServeError(f"model {model!r}: not one of {', '.join(SERVING_MODELS)} and not a folder with a "
-                         f"config.json") from None
+        raise ServeError(
+            f"model {model!r}: not one of {', '.join(SERVING_MODELS)} and not a folder with a config.json"
+        ) from None
 
 
 def resolve_gpu(gpu: str | GPUSpec) -> GPUSpec:
@@ -201,47 +237,78 @@ class DecodeStep:
         return self.batch / self.seconds
 
 
-def _step_seconds(costs: ModelCosts, gpu: GPUSpec, roofline: Roofline, batch: np.ndarray | float,
-                  distinct: np.ndarray | float, context: float) -> tuple[Any, Any, Any, Any]:
+def _step_seconds(
+    costs: ModelCosts,
+    gpu: GPUSpec,
+    roofline: Roofline,
+    batch: np.ndarray | float,
+    distinct: np.ndarray | float,
+    context: float,
+) -> tuple[Any, Any, Any, Any]:
     """(bytes, flops, memory seconds, compute seconds) of decode steps; works on NumPy arrays element-wise."""
     moved = costs.weight_bytes + distinct * costs.adapter_bytes + batch * context * costs.kv_bytes_per_token
-    flops = batch * (costs.flops_per_token + costs.adapter_flops_per_token
-                     + context * costs.attention_flops_per_context_token)
+    flops = batch * (
+        costs.flops_per_token + costs.adapter_flops_per_token + context * costs.attention_flops_per_context_token
+    )
     memory_s = moved / (gpu.memory_bw_gbps * 1e9 * roofline.memory_efficiency)
     compute_s = flops / (gpu.dense_fp16_tflops * 1e12 * roofline.compute_efficiency)
     return moved, flops, memory_s, compute_s
 
 
-def decode_step(gpu: str | GPUSpec, model_shape: str | LlamaConfig, rank: int, distinct_adapters: int, batch: int,
-                *, context_tokens: float = ServingWorkload.context_tokens,
-                roofline: Roofline = Roofline()) -> DecodeStep:
+def decode_step(
+    gpu: str | GPUSpec,
+    model_shape: str | LlamaConfig,
+    rank: int,
+    distinct_adapters: int,
+    batch: int,
+    *,
+    context_tokens: float = ServingWorkload.context_tokens,
+    roofline: Roofline = Roofline(),
+) -> DecodeStep:
     """The roofline of one decode step of ``batch`` requests over ``distinct_adapters`` adapters (see module doc)."""
     if batch < 1:
         raise ServeError(f"batch must be at least 1, got {batch!r}")
     if not 0 <= distinct_adapters <= batch:
-        raise ServeError(f"distinct_adapters must lie in [0, batch={batch}] (a request uses at most one adapter), "
-                         f"got {distinct_adapters!r}")
+        raise ServeError(
+            f"distinct_adapters must lie in [0, batch={batch}] (a request uses at most one adapter), "
+            f"got {distinct_adapters!r}"
+        )
     costs = model_costs(resolve_model(model_shape), rank, roofline.dtype_bytes)
-    moved, flops, memory_s, compute_s = _step_seconds(costs, resolve_gpu(gpu), roofline, float(batch),
-                                                      float(distinct_adapters), context_tokens)
+    moved, flops, memory_s, compute_s = _step_seconds(
+        costs, resolve_gpu(gpu), roofline, float(batch), float(distinct_adapters), context_tokens
+    )
     return DecodeStep(batch, distinct_adapters, moved, flops, memory_s, compute_s)
 
 
-def lora_serving_throughput(gpu: str | GPUSpec, model_shape: str | LlamaConfig, rank: int, distinct_adapters: int,
-                            batch: int, *, context_tokens: float = ServingWorkload.context_tokens,
-                            roofline: Roofline = Roofline()) -> float:
+def lora_serving_throughput(
+    gpu: str | GPUSpec,
+    model_shape: str | LlamaConfig,
+    rank: int,
+    distinct_adapters: int,
+    batch: int,
+    *,
+    context_tokens: float = ServingWorkload.context_tokens,
+    roofline: Roofline = Roofline(),
+) -> float:
     """Generated tokens/s of one GPU decoding ``batch`` requests for ``distinct_adapters`` rank-``rank`` adapters.
 
     ``gpu`` is a catalog name (``a100-80g``) or spec, ``model_shape`` a name of ``SERVING_MODELS``, a model folder
     or a ``LlamaConfig``. Does not check that the batch fits in memory (see ``max_batch_that_fits``).
     """
-    return decode_step(gpu, model_shape, rank, distinct_adapters, batch, context_tokens=context_tokens,
-                       roofline=roofline).tokens_per_s
+    return decode_step(
+        gpu, model_shape, rank, distinct_adapters, batch, context_tokens=context_tokens, roofline=roofline
+    ).tokens_per_s
 
 
-def max_batch_that_fits(gpu: str | GPUSpec, model_shape: str | LlamaConfig, rank: int, *, adapter_slots: int = 38,
-                        context_tokens: float = ServingWorkload.context_tokens,
-                        roofline: Roofline = Roofline()) -> int:
+def max_batch_that_fits(
+    gpu: str | GPUSpec,
+    model_shape: str | LlamaConfig,
+    rank: int,
+    *,
+    adapter_slots: int = 38,
+    context_tokens: float = ServingWorkload.context_tokens,
+    roofline: Roofline = Roofline(),
+) -> int:
     """Requests whose KV fits beside the weights and ``adapter_slots`` cached adapters (Punica's memory split).
 
     ServeError when not even the weights fit, naming the models of ``SERVING_MODELS`` that would.
@@ -252,10 +319,12 @@ def max_batch_that_fits(gpu: str | GPUSpec, model_shape: str | LlamaConfig, rank
     batch = int(pool // (context_tokens * costs.kv_bytes_per_token)) if pool > 0 else 0
     if batch < 1:
         fitting = [name for name, shape in SERVING_MODELS.items() if _fits(spec, shape, rank, roofline)]
-        raise ServeError(f"the model ({costs.resident_bytes / 1e9:.1f} GB of weights) and {adapter_slots} rank-{rank} "
-                         f"adapters leave no room for a request's KV in {roofline.memory_fraction:g} x "
-                         f"{spec.memory_gb:g} GB of {spec.name}; choose a smaller model "
-                         f"({', '.join(fitting) or 'none of the catalogued ones fits'}) or a larger GPU")
+        raise ServeError(
+            f"the model ({costs.resident_bytes / 1e9:.1f} GB of weights) and {adapter_slots} rank-{rank} "
+            f"adapters leave no room for a request's KV in {roofline.memory_fraction:g} x "
+            f"{spec.memory_gb:g} GB of {spec.name}; choose a smaller model "
+            f"({', '.join(fitting) or 'none of the catalogued ones fits'}) or a larger GPU"
+        )
     return batch
 
 
@@ -319,8 +388,14 @@ class LoRAServingModel:
 
     def batch_cap(self) -> int:
         """The batch a GPU runs when full: ``max_batch``, or fewer where the KV cache is smaller."""
-        fit = max_batch_that_fits(self.spec(), resolve_model(self.model), self.rank, adapter_slots=self.adapter_slots,
-                                  context_tokens=self.workload.context_tokens, roofline=self.roofline)
+        fit = max_batch_that_fits(
+            self.spec(),
+            resolve_model(self.model),
+            self.rank,
+            adapter_slots=self.adapter_slots,
+            context_tokens=self.workload.context_tokens,
+            roofline=self.roofline,
+        )
         return min(self.max_batch, fit)
 
     def shares(self) -> np.ndarray:
@@ -343,8 +418,15 @@ class LoRAServingModel:
         """GPUs for traffic ``rate`` over adapters with ``shares``, batched together, at Little's-law batch size."""
         costs, spec, work, cap = self.costs(), self.spec(), self.workload, self.batch_cap()
         peak = spec.dense_fp16_tflops * 1e12 * self.roofline.compute_efficiency
-        prefill_s = work.prompt_tokens * (costs.flops_per_token + costs.adapter_flops_per_token
-                                          + work.prompt_tokens / 2 * costs.attention_flops_per_context_token) / peak
+        prefill_s = (
+            work.prompt_tokens
+            * (
+                costs.flops_per_token
+                + costs.adapter_flops_per_token
+                + work.prompt_tokens / 2 * costs.attention_flops_per_context_token
+            )
+            / peak
+        )
         batch = np.ones_like(rate)
         for _ in range(200):  # fixed point of batch = clip(rate x time in system, 1, cap): monotone from below
             step = self._step(costs, spec, batch, shares)
@@ -358,14 +440,16 @@ class LoRAServingModel:
 
     def _step(self, costs: ModelCosts, spec: GPUSpec, batch: np.ndarray, shares: np.ndarray) -> np.ndarray:
         distinct = expected_distinct(batch, shares)
-        _, _, memory_s, compute_s = _step_seconds(costs, spec, self.roofline, batch, distinct,
-                                                  self.workload.context_tokens)
+        _, _, memory_s, compute_s = _step_seconds(
+            costs, spec, self.roofline, batch, distinct, self.workload.context_tokens
+        )
         return np.maximum(memory_s, compute_s)
 
 
 # ------------------------------------------------------------------------------------------ servers over time
-def request_rate_shape(rate_profile: str | InferenceLoad = "genai", *, until_s: float,
-                       **profile_opts: Any) -> InferenceLoad:
+def request_rate_shape(
+    rate_profile: str | InferenceLoad = "genai", *, until_s: float, **profile_opts: Any
+) -> InferenceLoad:
     """The profile's shape as a load on a pool of ``PROFILE_RESOLUTION`` servers (its peak step = the whole pool).
 
     ``rate_profile``: "genai" (the bundled Alibaba GenAI trace, scaled to its own maximum: ``headroom=0``,
@@ -386,8 +470,14 @@ def _servers(gpus: np.ndarray, gpus_per_server: int, headroom: float, pool_serve
     return np.clip(needed, 0, pool_servers).astype(np.int64)
 
 
-def peak_rps_for_pool(serving: LoRAServingModel, pool_servers: int, *, gpus_per_server: int = 8,
-                      headroom: float = 0.2, system: str = "per_adapter") -> float:
+def peak_rps_for_pool(
+    serving: LoRAServingModel,
+    pool_servers: int,
+    *,
+    gpus_per_server: int = 8,
+    headroom: float = 0.2,
+    system: str = "per_adapter",
+) -> float:
     """The request rate at which ``system`` needs exactly the whole pool (bisection; GPUs grow with the rate)."""
     target = pool_servers * gpus_per_server / (1.0 + headroom)
     if target <= 0:
@@ -403,10 +493,18 @@ def peak_rps_for_pool(serving: LoRAServingModel, pool_servers: int, *, gpus_per_
     return lo
 
 
-def lora_inference_load(rate_profile: str | InferenceLoad = "genai", *, pool_servers: int, until_s: float,
-                        serving: LoRAServingModel | None = None, system: str = "gpufleet",
-                        peak_rps: float | None = None, gpus_per_server: int = 8, headroom: float = 0.2,
-                        **profile_opts: Any) -> InferenceLoad:
+def lora_inference_load(
+    rate_profile: str | InferenceLoad = "genai",
+    *,
+    pool_servers: int,
+    until_s: float,
+    serving: LoRAServingModel | None = None,
+    system: str = "gpufleet",
+    peak_rps: float | None = None,
+    gpus_per_server: int = 8,
+    headroom: float = 0.2,
+    **profile_opts: Any,
+) -> InferenceLoad:
     """Inference servers needed over time to serve a LoRA request-rate profile with ``system``.
 
     The profile (see ``request_rate_shape``) is normalised to its peak and scaled to ``peak_rps`` requests/s; by
@@ -433,15 +531,32 @@ def lora_inference_load(rate_profile: str | InferenceLoad = "genai", *, pool_ser
     return InferenceLoad(f"{system}:{shape.name}", shape.time_s, servers, pool_servers)
 
 
-def lora_serving_loads(rate_profile: str | InferenceLoad = "genai", *, pool_servers: int, until_s: float,
-                       serving: LoRAServingModel | None = None, peak_rps: float | None = None,
-                       gpus_per_server: int = 8, headroom: float = 0.2,
-                       **profile_opts: Any) -> dict[str, InferenceLoad]:
+def lora_serving_loads(
+    rate_profile: str | InferenceLoad = "genai",
+    *,
+    pool_servers: int,
+    until_s: float,
+    serving: LoRAServingModel | None = None,
+    peak_rps: float | None = None,
+    gpus_per_server: int = 8,
+    headroom: float = 0.2,
+    **profile_opts: Any,
+) -> dict[str, InferenceLoad]:
     """Both systems' loads for the same traffic (the same ``peak_rps``), keyed by system."""
     serving = serving or LoRAServingModel()
     if peak_rps is None:
         peak_rps = peak_rps_for_pool(serving, pool_servers, gpus_per_server=gpus_per_server, headroom=headroom)
-    return {system: lora_inference_load(rate_profile, pool_servers=pool_servers, until_s=until_s, serving=serving,
-                                        system=system, peak_rps=peak_rps, gpus_per_server=gpus_per_server,
-                                        headroom=headroom, **profile_opts)
-            for system in SYSTEMS}
+    return {
+        system: lora_inference_load(
+            rate_profile,
+            pool_servers=pool_servers,
+            until_s=until_s,
+            serving=serving,
+            system=system,
+            peak_rps=peak_rps,
+            gpus_per_server=gpus_per_server,
+            headroom=headroom,
+            **profile_opts,
+        )
+        for system in SYSTEMS
+    }

@@ -124,8 +124,9 @@ class CountingBackend:
         """The engine's state plus ``served``."""
         return {**self.inner.state(), "served": self.served}
 
-    async def generate(self, prompt: str | list[int], adapter: str | None, params: SamplingParams,
-                       request_id: str) -> AsyncIterator[GenerationChunk]:
+    async def generate(
+        self, prompt: str | list[int], adapter: str | None, params: SamplingParams, request_id: str
+    ) -> AsyncIterator[GenerationChunk]:
         """The engine's stream; closing this one closes the engine's (which aborts the request)."""
         self.served += 1
         async with aclosing(self.inner.generate(prompt, adapter, params, request_id)) as chunks:
@@ -151,9 +152,14 @@ def build_engine(options: WorkerOptions) -> Any:
     names = [f"lora-{i}" for i in range(options.random_adapters)]
     for adapter in random_adapters(model.config, names, options.rank, seed=options.seed):
         store.add(adapter)
-    config = EngineConfig(max_batch=options.max_batch, block_size=options.block_size, kv_blocks=options.kv_blocks,
-                          adapter_slots=options.adapter_slots, max_waiting=options.max_waiting,
-                          lora_backend=options.lora_backend)
+    config = EngineConfig(
+        max_batch=options.max_batch,
+        block_size=options.block_size,
+        kv_blocks=options.kv_blocks,
+        adapter_slots=options.adapter_slots,
+        max_waiting=options.max_waiting,
+        lora_backend=options.lora_backend,
+    )
     tokenizer = load_tokenizer(options.base, model.config.bos_token_id, model.config.eos_ids)
     return Engine(model, store, config, tokenizer, name=Path(options.base).name)
 
@@ -161,8 +167,14 @@ def build_engine(options: WorkerOptions) -> Any:
 def _torch_dtype(name: str) -> Any:
     import torch
 
-    table = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
-             "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+    table = {
+        "float32": torch.float32,
+        "fp32": torch.float32,
+        "float16": torch.float16,
+        "fp16": torch.float16,
+        "bfloat16": torch.bfloat16,
+        "bf16": torch.bfloat16,
+    }
     if name not in table:
         raise ServeError(f"--dtype {name!r}: choose float32, float16 or bfloat16")
     return table[name]
@@ -170,6 +182,7 @@ def _torch_dtype(name: str) -> Any:
 
 def _watch_parent(parent_pid: int) -> None:
     """Exit (gracefully, then hard) once the front end that started this worker is gone."""
+
     def watch() -> None:
         while os.getppid() == parent_pid:
             time.sleep(1.0)
@@ -181,8 +194,9 @@ def _watch_parent(parent_pid: int) -> None:
         threading.Thread(target=watch, name="gpufleet-parent-watch", daemon=True).start()
 
 
-def run_worker(options: WorkerOptions, port: int, host: str = WORKER_HOST, *, parent_pid: int = 0,
-               log_level: str = "warning") -> None:
+def run_worker(
+    options: WorkerOptions, port: int, host: str = WORKER_HOST, *, parent_pid: int = 0, log_level: str = "warning"
+) -> None:
     """Serve one engine over HTTP until SIGTERM/SIGINT (or until ``parent_pid`` exits)."""
     import uvicorn
 
@@ -268,8 +282,19 @@ class Cluster:
 
     def _spawn(self, index: int) -> Worker:
         port = self.port + 1 + index
-        cmd = [self.python, "-m", "gpufleet.serve.cluster", "worker", "--port", str(port),
-               "--parent-pid", str(os.getpid()), "--log-level", self.worker_log_level, *self.options.argv()]
+        cmd = [
+            self.python,
+            "-m",
+            "gpufleet.serve.cluster",
+            "worker",
+            "--port",
+            str(port),
+            "--parent-pid",
+            str(os.getpid()),
+            "--log-level",
+            self.worker_log_level,
+            *self.options.argv(),
+        ]
         process = subprocess.Popen(cmd, env=self._env(index))
         log.info("started worker-%d (pid %d) on port %d", index, process.pid, port)
         return Worker(index, port, process)
@@ -288,16 +313,20 @@ class Cluster:
         while True:
             code = worker.process.poll()
             if code is not None:
-                raise ServeError(f"{worker.name} (port {worker.port}) exited with code {code} while starting; "
-                                 f"its error is printed above (a busy port? a bad --base?)")
+                raise ServeError(
+                    f"{worker.name} (port {worker.port}) exited with code {code} while starting; "
+                    f"its error is printed above (a busy port? a bad --base?)"
+                )
             try:
                 if httpx.get(f"{worker.url}/health", timeout=2.0).status_code == 200:
                     return
             except httpx.TransportError:
                 pass
             if time.monotonic() > deadline:
-                raise ServeError(f"{worker.name} did not answer {worker.url}/health within "
-                                 f"{self.startup_timeout_s:g} s; raise the startup timeout for large models")
+                raise ServeError(
+                    f"{worker.name} did not answer {worker.url}/health within "
+                    f"{self.startup_timeout_s:g} s; raise the startup timeout for large models"
+                )
             time.sleep(HEALTH_POLL_S)
 
     # ------------------------------------------------------------------------------------------- serving
@@ -318,8 +347,13 @@ class Cluster:
                 continue
             worker.reported = True
             dead.append(worker)
-            log.error("%s (pid %d, port %d) exited with code %s; its requests fail, the other workers go on",
-                      worker.name, worker.process.pid, worker.port, code)
+            log.error(
+                "%s (pid %d, port %d) exited with code %s; its requests fail, the other workers go on",
+                worker.name,
+                worker.process.pid,
+                worker.port,
+                code,
+            )
             backend = self.backends.get(worker.name)
             if backend is not None:
                 backend.mark_down(f"process exited with code {code}")
@@ -371,12 +405,28 @@ def _raise_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def launch_cluster(base: str, adapters: str | Path | None = None, instances: int = 2, port: int = 8000,
-                   host: str = "127.0.0.1", *, max_batch: int = 32, kv_blocks: int = 2048, block_size: int = 16,
-                   adapter_slots: int = 32, max_waiting: int = 1024, dtype: str = "float32", device: str = "cpu",
-                   lora_backend: str = "auto", random_adapters: int = 0, rank: int = 16, threads: int | None = None,
-                   max_concurrent: int | None = None, log_level: str = "info",
-                   startup_timeout_s: float = 600.0) -> None:
+def launch_cluster(
+    base: str,
+    adapters: str | Path | None = None,
+    instances: int = 2,
+    port: int = 8000,
+    host: str = "127.0.0.1",
+    *,
+    max_batch: int = 32,
+    kv_blocks: int = 2048,
+    block_size: int = 16,
+    adapter_slots: int = 32,
+    max_waiting: int = 1024,
+    dtype: str = "float32",
+    device: str = "cpu",
+    lora_backend: str = "auto",
+    random_adapters: int = 0,
+    rank: int = 16,
+    threads: int | None = None,
+    max_concurrent: int | None = None,
+    log_level: str = "info",
+    startup_timeout_s: float = 600.0,
+) -> None:
     """Start ``instances`` engine workers and serve them behind Punica's placement on ``host:port`` until
     Ctrl-C / SIGTERM; then stop every worker. See the module docstring for ports, devices and failures."""
     import uvicorn
@@ -387,10 +437,21 @@ def launch_cluster(base: str, adapters: str | Path | None = None, instances: int
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not one line per request to a worker
     if threads is None and device == "cpu":
         threads = max(1, (os.cpu_count() or 1) // instances)
-    options = WorkerOptions(base=base, adapters=None if adapters is None else str(adapters),
-                            random_adapters=random_adapters, rank=rank, max_batch=max_batch, kv_blocks=kv_blocks,
-                            block_size=block_size, adapter_slots=adapter_slots, max_waiting=max_waiting,
-                            dtype=dtype, device=device, lora_backend=lora_backend, threads=threads)
+    options = WorkerOptions(
+        base=base,
+        adapters=None if adapters is None else str(adapters),
+        random_adapters=random_adapters,
+        rank=rank,
+        max_batch=max_batch,
+        kv_blocks=kv_blocks,
+        block_size=block_size,
+        adapter_slots=adapter_slots,
+        max_waiting=max_waiting,
+        dtype=dtype,
+        device=device,
+        lora_backend=lora_backend,
+        threads=threads,
+    )
     cluster = Cluster(options, instances=instances, port=port, startup_timeout_s=startup_timeout_s)
     # SIGTERM raises KeyboardInterrupt while workers start, and again when uvicorn re-raises the signal it caught
     # after its graceful shutdown: either way the ``finally`` below stops the workers.
@@ -400,12 +461,19 @@ def launch_cluster(base: str, adapters: str | Path | None = None, instances: int
         cluster.start()
         frontend = cluster.frontend()
         app = create_app(frontend, max_concurrent=max_concurrent)
-        server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                                               timeout_graceful_shutdown=int(GRACEFUL_S)))
-        threading.Thread(target=_watch, args=(cluster, server, stop), name="gpufleet-worker-watch",
-                         daemon=True).start()
-        log.info("serving %s on http://%s:%d/v1 over %d workers (ports %d-%d)", frontend.base_model_name(), host,
-                 port, instances, port + 1, port + instances)
+        server = uvicorn.Server(
+            uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=int(GRACEFUL_S))
+        )
+        threading.Thread(target=_watch, args=(cluster, server, stop), name="gpufleet-worker-watch", daemon=True).start()
+        log.info(
+            "serving %s on http://%s:%d/v1 over %d workers (ports %d-%d)",
+            frontend.base_model_name(),
+            host,
+            port,
+            instances,
+            port + 1,
+            port + instances,
+        )
         server.run()
         if cluster.alive() == 0:
             raise ServeError("every worker exited (their errors are above); the front end stopped")
@@ -420,9 +488,11 @@ def launch_cluster(base: str, adapters: str | Path | None = None, instances: int
 
 # ----------------------------------------------------------------------------------------------------- main
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m gpufleet.serve.cluster",
-                                     description="gpufleet serving cluster: a placement front end over engine "
-                                                 "workers (serve), or one worker (worker).")
+    parser = argparse.ArgumentParser(
+        prog="python -m gpufleet.serve.cluster",
+        description="gpufleet serving cluster: a placement front end over engine "
+        "workers (serve), or one worker (worker).",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     worker = sub.add_parser("worker", help="one engine behind the OpenAI API (started by `serve`)")
     worker.add_argument("--port", type=int, required=True)
@@ -448,8 +518,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             run_worker(options, args.port, args.host, parent_pid=args.parent_pid, log_level=args.log_level)
         else:
             fields = {k: v for k, v in asdict(options).items() if k != "seed"}
-            launch_cluster(**fields, instances=args.instances, port=args.port, host=args.host,
-                           log_level=args.log_level)
+            launch_cluster(**fields, instances=args.instances, port=args.port, host=args.host, log_level=args.log_level)
     except ServeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -50,8 +50,15 @@ class LlamaConfig:
         """(in, out) features of each of a layer's seven projections, by Hugging Face module name."""
         h, inter = self.hidden_size, self.intermediate_size
         q_out, kv_out = self.num_attention_heads * self.head_size, self.num_key_value_heads * self.head_size
-        return {"q_proj": (h, q_out), "k_proj": (h, kv_out), "v_proj": (h, kv_out), "o_proj": (q_out, h),
-                "gate_proj": (h, inter), "up_proj": (h, inter), "down_proj": (inter, h)}
+        return {
+            "q_proj": (h, q_out),
+            "k_proj": (h, kv_out),
+            "v_proj": (h, kv_out),
+            "o_proj": (q_out, h),
+            "gate_proj": (h, inter),
+            "up_proj": (h, inter),
+            "down_proj": (inter, h),
+        }
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         """Bytes of K and V that one token occupies over all layers."""
@@ -68,8 +75,10 @@ class LlamaConfig:
         """Read a Hugging Face config dict; reject architectures and options the forward pass does not implement."""
         arch = (data.get("architectures") or ["LlamaForCausalLM"])[0]
         if arch not in SUPPORTED_ARCHITECTURES:
-            raise ServeError(f"{source}: architecture {arch!r} is not supported; gpufleet serve runs "
-                             f"{', '.join(SUPPORTED_ARCHITECTURES)}")
+            raise ServeError(
+                f"{source}: architecture {arch!r} is not supported; gpufleet serve runs "
+                f"{', '.join(SUPPORTED_ARCHITECTURES)}"
+            )
         if data.get("hidden_act", "silu") != "silu":
             raise ServeError(f"{source}: hidden_act {data['hidden_act']!r} is not supported (Llama uses silu)")
         rope = data.get("rope_scaling") or data.get("rope_parameters")
@@ -82,40 +91,75 @@ class LlamaConfig:
         known = {f for f in cls.__dataclass_fields__ if f != "extra"}
         kwargs = {k: data[k] for k in known if k in data and k not in ("rope_theta", "rope_scaling")}
         kwargs.setdefault("num_key_value_heads", data.get("num_attention_heads", 32))
-        missing = [k for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                               "num_attention_heads") if k not in data]
+        missing = [
+            k
+            for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+            if k not in data
+        ]
         if missing:
             raise ServeError(f"{source}: missing {', '.join(missing)}; is this a Llama config.json?")
-        return cls(**kwargs, rope_theta=float(theta), rope_scaling=rope,
-                   extra={k: v for k, v in data.items() if k not in known})
+        return cls(
+            **kwargs,
+            rope_theta=float(theta),
+            rope_scaling=rope,
+            extra={k: v for k, v in data.items() if k not in known},
+        )
 
     @classmethod
     def load(cls, folder: str | Path) -> LlamaConfig:
         path = Path(folder) / "config.json"
         if not path.is_file():
-            raise ServeError(f"{folder}: no config.json; --base must be a Hugging Face model folder "
-                             "(config.json + *.safetensors)")
+            raise ServeError(
+                f"{folder}: no config.json; --base must be a Hugging Face model folder (config.json + *.safetensors)"
+            )
         try:
             return cls.from_hf(json.loads(path.read_text()), str(path))
         except json.JSONDecodeError as exc:
             raise ServeError(f"{path}: not valid JSON ({exc})") from None
 
 
-TINY_LLAMA = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=172, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-                         bos_token_id=256, eos_token_id=257)
+TINY_LLAMA = LlamaConfig(
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=172,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=2048,
+    bos_token_id=256,
+    eos_token_id=257,
+)
 """A tiny random Llama for tests: byte-level vocabulary (256 bytes + BOS/EOS + spare ids), GQA 4:2."""
 
-SMALL_LLAMA = LlamaConfig(vocab_size=32000, hidden_size=512, intermediate_size=1376, num_hidden_layers=8,
-                          num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=4096,
-                          bos_token_id=256, eos_token_id=257)
+SMALL_LLAMA = LlamaConfig(
+    vocab_size=32000,
+    hidden_size=512,
+    intermediate_size=1376,
+    num_hidden_layers=8,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    max_position_embeddings=4096,
+    bos_token_id=256,
+    eos_token_id=257,
+)
 """A small random Llama for CPU benchmarks (about 55 M parameters, Llama-2 vocabulary size)."""
 
-WIDE_LLAMA = LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5504, num_hidden_layers=2,
-                         num_attention_heads=16, num_key_value_heads=8, max_position_embeddings=4096,
-                         bos_token_id=256, eos_token_id=257)
+WIDE_LLAMA = LlamaConfig(
+    vocab_size=32000,
+    hidden_size=2048,
+    intermediate_size=5504,
+    num_hidden_layers=2,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    max_position_embeddings=4096,
+    bos_token_id=256,
+    eos_token_id=257,
+)
 """Two layers of a 1B-class Llama (hidden 2048, Llama-2 vocabulary): rank-16 adapters weigh against the base
 weights as in real models (the ratio that decides LoRA's cost), at a depth a CPU benchmark can afford."""
 
-NAMED_RANDOM_MODELS = {"tiny-llama-random": TINY_LLAMA, "small-llama-random": SMALL_LLAMA,
-                       "wide-llama-random": WIDE_LLAMA}
+NAMED_RANDOM_MODELS = {
+    "tiny-llama-random": TINY_LLAMA,
+    "small-llama-random": SMALL_LLAMA,
+    "wide-llama-random": WIDE_LLAMA,
+}

@@ -68,8 +68,14 @@ class Request:
 class Engine:
     """Continuous batching over a LoRA-aware Llama; ``add_request`` then ``step`` until ``has_work`` is False."""
 
-    def __init__(self, model: LlamaLoRAForCausalLM, store: AdapterStore, config: EngineConfig | None = None,
-                 tokenizer: Tokenizer | None = None, name: str = "base") -> None:
+    def __init__(
+        self,
+        model: LlamaLoRAForCausalLM,
+        store: AdapterStore,
+        config: EngineConfig | None = None,
+        tokenizer: Tokenizer | None = None,
+        name: str = "base",
+    ) -> None:
         from gpufleet.serve.ops import get_lora_ops
 
         self.model, self.store, self.config = model, store, config or EngineConfig()
@@ -77,8 +83,15 @@ class Engine:
         cfg = model.config
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
-        self.kv = KVCache(cfg.num_hidden_layers, self.config.kv_blocks, self.config.block_size,
-                          cfg.num_key_value_heads, cfg.head_size, dtype=self.dtype, device=self.device)
+        self.kv = KVCache(
+            cfg.num_hidden_layers,
+            self.config.kv_blocks,
+            self.config.block_size,
+            cfg.num_key_value_heads,
+            cfg.head_size,
+            dtype=self.dtype,
+            device=self.device,
+        )
         # the CPU (torch) operators compute LoRA in fp32: slots stored in fp32 convert each adapter once when it is
         # loaded, not its whole stack at every projection of every step (half of a bf16 step went to that copy)
         lora_dtype = torch.float32 if self.device.type == "cpu" else self.dtype
@@ -130,9 +143,14 @@ class Engine:
 
     def state(self) -> dict[str, int]:
         """What a placement layer needs: batch size, free KV blocks, queue length."""
-        return {"batch": len(self.running), "max_batch": self.config.max_batch, "waiting": len(self.waiting),
-                "free_blocks": self.kv.allocator.free, "total_blocks": self.kv.allocator.num_blocks,
-                "block_size": self.config.block_size}
+        return {
+            "batch": len(self.running),
+            "max_batch": self.config.max_batch,
+            "waiting": len(self.waiting),
+            "free_blocks": self.kv.allocator.free,
+            "total_blocks": self.kv.allocator.num_blocks,
+            "block_size": self.config.block_size,
+        }
 
     # ------------------------------------------------------------------------------------------ scheduling
     def _free(self, request: Request) -> None:
@@ -219,13 +237,19 @@ class Engine:
             contexts.append(context)
             slots.append(context[-1:])
             row_slots.append(request.slot)
-        logits_rows = [start + length - 1 for start, length in spans] + \
-            list(range(len(tokens) - len(decodes), len(tokens)))
+        logits_rows = [start + length - 1 for start, length in spans] + list(
+            range(len(tokens) - len(decodes), len(tokens))
+        )
         dev = self.device
-        batch = StepBatch(tokens=torch.tensor(tokens, device=dev), positions=torch.tensor(positions, device=dev),
-                          slots=torch.cat(slots).to(dev), prefill_spans=spans, decode_rows=len(decodes),
-                          decode_groups=decode_groups(contexts, dev),
-                          logits_rows=torch.tensor(logits_rows, device=dev))
+        batch = StepBatch(
+            tokens=torch.tensor(tokens, device=dev),
+            positions=torch.tensor(positions, device=dev),
+            slots=torch.cat(slots).to(dev),
+            prefill_spans=spans,
+            decode_rows=len(decodes),
+            decode_groups=decode_groups(contexts, dev),
+            logits_rows=torch.tensor(logits_rows, device=dev),
+        )
         row = torch.tensor(row_slots, dtype=torch.long, device=dev)
         prefill_rows = len(tokens) - len(decodes)
         seg_indptr, seg_lora = self.ops.segments_from_indices(row[:prefill_rows])
@@ -235,9 +259,17 @@ class Engine:
                 plan = padded_plan(row[prefill_rows:])
             if prefill_rows:
                 prefill_plan = segment_plan(seg_indptr, seg_lora, prefill_rows, self.adapters.scales)
-        lora = LoRABatch(stacks=self.adapters.stacks, scales=self.adapters.scales, row_slots=row,
-                         seg_indptr=seg_indptr, seg_lora=seg_lora, ops=self.ops,
-                         any_adapter=bool((row >= 0).any()), decode_plan=plan, prefill_plan=prefill_plan)
+        lora = LoRABatch(
+            stacks=self.adapters.stacks,
+            scales=self.adapters.scales,
+            row_slots=row,
+            seg_indptr=seg_indptr,
+            seg_lora=seg_lora,
+            ops=self.ops,
+            any_adapter=bool((row >= 0).any()),
+            decode_plan=plan,
+            prefill_plan=prefill_plan,
+        )
         return batch, lora
 
     def _advance(self, request: Request, token: int) -> GenerationChunk:
@@ -251,10 +283,11 @@ class Engine:
             cut = min(text.index(s) for s in params.stop if s in text)
             text = text[:cut]
             reason = "stop"
-        elif len(request.output) >= params.max_tokens or \
-                len(request.tokens) >= self.model.config.max_position_embeddings:
+        elif (
+            len(request.output) >= params.max_tokens or len(request.tokens) >= self.model.config.max_position_embeddings
+        ):
             reason = "length"
-        delta = text[request.text_sent:]
+        delta = text[request.text_sent :]
         if reason is None and delta.endswith("\ufffd"):  # half a UTF-8 character: wait for the rest
             delta = ""
         request.text_sent += len(delta)
@@ -263,5 +296,6 @@ class Engine:
             self.running.remove(request)
             self._free(request)
             self.requests.pop(request.id, None)
-        return GenerationChunk(request.id, token, delta, reason, prompt_tokens=len(request.prompt),
-                               completion_tokens=len(request.output))
+        return GenerationChunk(
+            request.id, token, delta, reason, prompt_tokens=len(request.prompt), completion_tokens=len(request.output)
+        )

@@ -26,17 +26,31 @@ class FakeBackend:
     ``finished`` record what happened, by request id.
     """
 
-    def __init__(self, *, base_model: str = "fake-base", adapters: Sequence[str] = ("alpha", "beta"),
-                 delay: float = 0.0, max_queue: int | None = None, fail_marker: str | None = None,
-                 instance_id: str = "fake-0", total_blocks: int = 1 << 20, block_size: int = DEFAULT_BLOCK_SIZE,
-                 max_batch: int = DEFAULT_MAX_BATCH, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        *,
+        base_model: str = "fake-base",
+        adapters: Sequence[str] = ("alpha", "beta"),
+        delay: float = 0.0,
+        max_queue: int | None = None,
+        fail_marker: str | None = None,
+        instance_id: str = "fake-0",
+        total_blocks: int = 1 << 20,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        max_batch: int = DEFAULT_MAX_BATCH,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.base_model = base_model
         self.adapters = list(adapters)
         self.delay = delay
         self.max_queue = max_queue
         self.fail_marker = fail_marker
         self.instance_id, self.total_blocks, self.block_size, self.max_batch = (
-            instance_id, total_blocks, block_size, max_batch)
+            instance_id,
+            total_blocks,
+            block_size,
+            max_batch,
+        )
         self._clock = clock
         self.running: dict[str, RunningRequest] = {}
         self.received: list[tuple[str, str | list[int], str | None, SamplingParams]] = []
@@ -69,12 +83,17 @@ class FakeBackend:
 
     def state(self) -> InstanceState:
         """What placement needs: capacity and what runs here."""
-        return InstanceState(self.instance_id, self.total_blocks, self.block_size, self.max_batch,
-                             {rid: RunningRequest(r.arrival, r.request_id, r.lora_id, r.tokens)
-                              for rid, r in self.running.items()})
+        return InstanceState(
+            self.instance_id,
+            self.total_blocks,
+            self.block_size,
+            self.max_batch,
+            {rid: RunningRequest(r.arrival, r.request_id, r.lora_id, r.tokens) for rid, r in self.running.items()},
+        )
 
-    async def generate(self, prompt: str | list[int], adapter: str | None, params: SamplingParams,
-                       request_id: str) -> AsyncIterator[GenerationChunk]:
+    async def generate(
+        self, prompt: str | list[int], adapter: str | None, params: SamplingParams, request_id: str
+    ) -> AsyncIterator[GenerationChunk]:
         """Echo the prompt; refusals raise before the first chunk."""
         ids = self._admit(prompt, adapter, params, request_id)
         self.running[request_id] = RunningRequest(self._clock(), request_id, adapter, len(ids))
@@ -88,8 +107,9 @@ class FakeBackend:
             del self.running[request_id]
             (self.finished if done else self.cancelled).append(request_id)
 
-    def _admit(self, prompt: str | list[int], adapter: str | None, params: SamplingParams,
-               request_id: str) -> list[int]:
+    def _admit(
+        self, prompt: str | list[int], adapter: str | None, params: SamplingParams, request_id: str
+    ) -> list[int]:
         if adapter is not None and adapter not in self.adapters:
             raise UnknownAdapterError(f"adapter '{adapter}' is not loaded (adapters: {', '.join(self.adapters)}).")
         if self.max_queue is not None and len(self.running) >= self.max_queue:
@@ -105,7 +125,13 @@ class FakeBackend:
             token = ids[i % len(ids)]
             stop = token in params.stop_token_ids
             reason = "stop" if stop else ("length" if i + 1 == params.max_tokens else None)
-            yield GenerationChunk(request_id, token, "" if stop else self.decode([token]), reason,
-                                  prompt_tokens=len(ids), completion_tokens=i + 1)
+            yield GenerationChunk(
+                request_id,
+                token,
+                "" if stop else self.decode([token]),
+                reason,
+                prompt_tokens=len(ids),
+                completion_tokens=i + 1,
+            )
             if reason is not None:
                 return

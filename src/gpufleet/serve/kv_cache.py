@@ -17,8 +17,10 @@ class BlockAllocator:
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
         if num_blocks < 1 or block_size < 1:
-            raise ServeError(f"KV cache needs at least one block of at least one token (got {num_blocks} x "
-                             f"{block_size}); raise --kv-blocks")
+            raise ServeError(
+                f"KV cache needs at least one block of at least one token (got {num_blocks} x "
+                f"{block_size}); raise --kv-blocks"
+            )
         self.num_blocks, self.block_size = num_blocks, block_size
         self._free = list(range(num_blocks - 1, -1, -1))
 
@@ -42,8 +44,16 @@ class BlockAllocator:
 class KVCache:
     """K and V pools ``[layers, blocks * block_size, kv_heads, head_dim]`` plus the allocator."""
 
-    def __init__(self, layers: int, num_blocks: int, block_size: int, kv_heads: int, head_dim: int,
-                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self,
+        layers: int,
+        num_blocks: int,
+        block_size: int,
+        kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> None:
         self.allocator = BlockAllocator(num_blocks, block_size)
         self.block_size = block_size
         shape = (layers, num_blocks * block_size, kv_heads, head_dim)
@@ -56,8 +66,16 @@ class KVCache:
         self._gather_v = torch.empty(0, dtype=dtype, device=device)
 
     @classmethod
-    def for_budget(cls, layers: int, kv_heads: int, head_dim: int, budget_bytes: int, block_size: int = 16,
-                   dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> KVCache:
+    def for_budget(
+        cls,
+        layers: int,
+        kv_heads: int,
+        head_dim: int,
+        budget_bytes: int,
+        block_size: int = 16,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> KVCache:
         """As many blocks as fit in ``budget_bytes``."""
         per_block = 2 * layers * block_size * kv_heads * head_dim * torch.finfo(dtype).bits // 8
         return cls(layers, max(1, budget_bytes // per_block), block_size, kv_heads, head_dim, dtype, device)

@@ -180,8 +180,9 @@ class LlamaLoRAForCausalLM(nn.Module):
         self.register_buffer("inv_freq", rope_inverse_frequencies(config), persistent=False)
 
     # ---------------------------------------------------------------------------------------- pieces
-    def _project(self, x: torch.Tensor, layer: int, name: str, linear: nn.Linear, lora: LoRABatch | None,
-                 prefill_rows: int) -> torch.Tensor:
+    def _project(
+        self, x: torch.Tensor, layer: int, name: str, linear: nn.Linear, lora: LoRABatch | None, prefill_rows: int
+    ) -> torch.Tensor:
         y = F.linear(x, linear.weight)
         if lora is None or not lora.any_adapter:
             return y
@@ -192,13 +193,19 @@ class LlamaLoRAForCausalLM(nn.Module):
         if prefill_rows and lora.prefill_plan is not None:  # prompt rows, segments planned once per step
             add_lora_segments_planned(y[:prefill_rows], x[:prefill_rows], a, b, lora.prefill_plan)
         elif prefill_rows:  # prompt rows: segments (one adapter per run of rows)
-            lora.ops.add_lora(y[:prefill_rows], x[:prefill_rows], a, b, lora.scales,
-                              seg_indptr=lora.seg_indptr, seg_lora=lora.seg_lora)
+            lora.ops.add_lora(
+                y[:prefill_rows],
+                x[:prefill_rows],
+                a,
+                b,
+                lora.scales,
+                seg_indptr=lora.seg_indptr,
+                seg_lora=lora.seg_lora,
+            )
         if prefill_rows < x.shape[0] and lora.decode_plan is not None:  # decode rows, layout planned once per step
             add_lora_planned(y[prefill_rows:], x[prefill_rows:], a, b, lora.scales, lora.decode_plan)
         elif prefill_rows < x.shape[0]:  # decode rows: one adapter index per row
-            lora.ops.add_lora(y[prefill_rows:], x[prefill_rows:], a, b, lora.scales,
-                              idx=lora.row_slots[prefill_rows:])
+            lora.ops.add_lora(y[prefill_rows:], x[prefill_rows:], a, b, lora.scales, idx=lora.row_slots[prefill_rows:])
         return y
 
     def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -206,25 +213,28 @@ class LlamaLoRAForCausalLM(nn.Module):
         emb = torch.cat([freqs, freqs], dim=-1)
         return emb.cos().to(dtype)[:, None, :], emb.sin().to(dtype)[:, None, :]
 
-    def _attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, batch: StepBatch,
-                   kv: KVCache) -> torch.Tensor:
+    def _attention(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, batch: StepBatch, kv: KVCache
+    ) -> torch.Tensor:
         """Causal attention of each prompt over itself, and of each decode row over its cached context."""
         kv.write(layer, batch.slots, k, v)
         out = torch.empty_like(q)
         for start, length in batch.prefill_spans:
-            qs = q[start:start + length].transpose(0, 1)
-            ks = k[start:start + length].transpose(0, 1)
-            vs = v[start:start + length].transpose(0, 1)
-            out[start:start + length] = F.scaled_dot_product_attention(
-                qs, ks, vs, is_causal=True, enable_gqa=True).transpose(0, 1)
+            qs = q[start : start + length].transpose(0, 1)
+            ks = k[start : start + length].transpose(0, 1)
+            vs = v[start : start + length].transpose(0, 1)
+            out[start : start + length] = F.scaled_dot_product_attention(
+                qs, ks, vs, is_causal=True, enable_gqa=True
+            ).transpose(0, 1)
         d = batch.decode_rows
         if d:
             q_dec, out_dec = q[-d:], out[-d:]
             for group in batch.decode_groups:
                 kd, vd = kv.gather(layer, group.slot_table)  # [d, T, kvh, hd], valid until the next gather
                 qd = q_dec.index_select(0, group.rows).unsqueeze(2)  # [d, h, 1, hd]
-                att = F.scaled_dot_product_attention(qd, kd.transpose(1, 2), vd.transpose(1, 2),
-                                                     attn_mask=group.mask, enable_gqa=True)
+                att = F.scaled_dot_product_attention(
+                    qd, kd.transpose(1, 2), vd.transpose(1, 2), attn_mask=group.mask, enable_gqa=True
+                )
                 out_dec.index_copy_(0, group.rows, att.squeeze(2))
         return out
 

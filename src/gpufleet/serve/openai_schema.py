@@ -66,8 +66,7 @@ class _SamplingRequest(BaseModel):
 
     def sampling_params(self, max_tokens: int) -> SamplingParams:
         """The engine's view of the request. Stop strings stay with the server, which cuts the text exactly."""
-        return SamplingParams(max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p,
-                              seed=self.seed)
+        return SamplingParams(max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p, seed=self.seed)
 
 
 class CompletionRequest(_SamplingRequest):

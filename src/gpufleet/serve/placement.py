@@ -133,8 +133,9 @@ def _order(request: PlacementRequest | RunningRequest) -> tuple[float, str]:
 class PunicaPlacement:
     """Punica's scheduler state: instances, the FCFS queue, an event log and counters."""
 
-    def __init__(self, instances: Iterable[InstanceState] = (), *,
-                 evict: Literal["newest", "oldest"] = "newest") -> None:
+    def __init__(
+        self, instances: Iterable[InstanceState] = (), *, evict: Literal["newest", "oldest"] = "newest"
+    ) -> None:
         if evict not in ("newest", "oldest"):
             raise ServeError(f"evict must be 'newest' or 'oldest', not {evict!r}")
         self.evict = evict
@@ -157,8 +158,14 @@ class PunicaPlacement:
             self.location[rid] = state.instance_id
             self.requests.setdefault(rid, PlacementRequest(rid, r.lora_id, r.tokens, r.arrival))
 
-    def set_capacity(self, instance_id: str, *, total_blocks: int | None = None, block_size: int | None = None,
-                     max_batch: int | None = None) -> None:
+    def set_capacity(
+        self,
+        instance_id: str,
+        *,
+        total_blocks: int | None = None,
+        block_size: int | None = None,
+        max_batch: int | None = None,
+    ) -> None:
         """Update an instance's capacity from its own report; what runs there stays as placement knows it."""
         inst = self.instances[instance_id]
         inst.total_blocks = inst.total_blocks if total_blocks is None else total_blocks
@@ -187,8 +194,10 @@ class PunicaPlacement:
 
     def fits_somewhere(self, request: PlacementRequest) -> bool:
         """Whether some allowed instance could take the request once empty (else it would block the queue)."""
-        return any(inst.max_batch >= 1 and inst.total_blocks >= blocks_for(request.prompt_tokens, inst.block_size) + 1
-                   for inst in self._candidates(request))
+        return any(
+            inst.max_batch >= 1 and inst.total_blocks >= blocks_for(request.prompt_tokens, inst.block_size) + 1
+            for inst in self._candidates(request)
+        )
 
     def _candidates(self, request: PlacementRequest) -> list[InstanceState]:
         if request.instances is None:
@@ -205,8 +214,7 @@ class PunicaPlacement:
     def submit(self, request: PlacementRequest) -> Decisions:
         """Queue a new request (by its arrival time) and schedule the queue."""
         if request.request_id in self.requests:
-            raise ServeError(f"request '{request.request_id}' is already queued or running; request ids must be "
-                             f"unique")
+            raise ServeError(f"request '{request.request_id}' is already queued or running; request ids must be unique")
         self.requests[request.request_id] = request
         self.counters["submitted"] += 1
         self._enqueue(request)
@@ -270,7 +278,8 @@ class PunicaPlacement:
 
     def _place(self, request: PlacementRequest, instance_id: str) -> None:
         self.instances[instance_id].running[request.request_id] = RunningRequest(
-            request.arrival, request.request_id, request.lora_id, request.prompt_tokens)
+            request.arrival, request.request_id, request.lora_id, request.prompt_tokens
+        )
         self.location[request.request_id] = instance_id
         self.counters["placements"] += 1
         self._log("place", request.request_id, instance_id, request.prompt_tokens)
@@ -292,8 +301,13 @@ class PunicaPlacement:
         self._enqueue(request)
         return True
 
-    def _log(self, kind: Literal["queue", "place", "evict", "drop", "finish"], request_id: str,
-             instance_id: str | None, tokens: int) -> None:
+    def _log(
+        self,
+        kind: Literal["queue", "place", "evict", "drop", "finish"],
+        request_id: str,
+        instance_id: str | None,
+        tokens: int,
+    ) -> None:
         self.events.append(PlacementEvent(kind, request_id, instance_id, tokens))
 
 
@@ -335,14 +349,25 @@ class _Job:
             self.prompt_tokens = chunk.prompt_tokens
         self.token_ids.append(chunk.token_id)
         self.texts.append(chunk.text)
-        return replace(chunk, request_id=self.request_id, prompt_tokens=self.prompt_tokens,
-                       completion_tokens=len(self.token_ids),
-                       extra={**chunk.extra, "instance": instance_id, "attempt": self.attempts})
+        return replace(
+            chunk,
+            request_id=self.request_id,
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=len(self.token_ids),
+            extra={**chunk.extra, "instance": instance_id, "attempt": self.attempts},
+        )
 
     def dropped_chunk(self) -> GenerationChunk:
         """The last chunk of a request that outgrew every instance's KV cache."""
-        return GenerationChunk(self.request_id, -1, "", "length", prompt_tokens=self.prompt_tokens or 0,
-                               completion_tokens=len(self.token_ids), extra={"dropped": True})
+        return GenerationChunk(
+            self.request_id,
+            -1,
+            "",
+            "length",
+            prompt_tokens=self.prompt_tokens or 0,
+            completion_tokens=len(self.token_ids),
+            extra={"dropped": True},
+        )
 
 
 @asynccontextmanager
@@ -366,8 +391,10 @@ def _capacity(report: Any, inst: InstanceState) -> dict[str, int | None]:
         if total is None and report.get("free_blocks") is not None:
             total = report["free_blocks"] + sum(blocks_for(r.tokens, block_size) for r in inst.running.values())
         return {"total_blocks": total, "block_size": block_size, "max_batch": report.get("max_batch")}
-    raise ServeError(f"state() of instance '{inst.instance_id}' returned {type(report).__name__}; expected an "
-                     f"InstanceState or a mapping with free_blocks/total_blocks, block_size and max_batch")
+    raise ServeError(
+        f"state() of instance '{inst.instance_id}' returned {type(report).__name__}; expected an "
+        f"InstanceState or a mapping with free_blocks/total_blocks, block_size and max_batch"
+    )
 
 
 class PlacementFrontend:
@@ -388,9 +415,15 @@ class PlacementFrontend:
     kept), then its stream there is closed, which makes that engine abort it.
     """
 
-    def __init__(self, backends: Mapping[str, GenerationBackend], *, max_queue: int = 1024,
-                 max_batch: int = DEFAULT_MAX_BATCH, evict: Literal["newest", "oldest"] = "newest",
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        backends: Mapping[str, GenerationBackend],
+        *,
+        max_queue: int = 1024,
+        max_batch: int = DEFAULT_MAX_BATCH,
+        evict: Literal["newest", "oldest"] = "newest",
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if not backends:
             raise ServeError("PlacementFrontend needs at least one backend")
         bases = sorted({b.base_model_name() for b in backends.values()})
@@ -401,7 +434,8 @@ class PlacementFrontend:
         self._clock = clock
         self.max_queue = max_queue
         self.placement = PunicaPlacement(
-            [InstanceState(iid, UNLIMITED_BLOCKS, max_batch=max_batch) for iid in self._backends], evict=evict)
+            [InstanceState(iid, UNLIMITED_BLOCKS, max_batch=max_batch) for iid in self._backends], evict=evict
+        )
         self._jobs: dict[str, _Job] = {}
         self.refresh()
 
@@ -420,8 +454,9 @@ class PlacementFrontend:
             if callable(state):
                 self.placement.set_capacity(iid, **_capacity(state(), self.placement.instances[iid]))
 
-    async def generate(self, prompt: str | list[int], adapter: str | None, params: SamplingParams,
-                       request_id: str) -> AsyncIterator[GenerationChunk]:
+    async def generate(
+        self, prompt: str | list[int], adapter: str | None, params: SamplingParams, request_id: str
+    ) -> AsyncIterator[GenerationChunk]:
         """Place the request, stream its chunks, follow it across migrations; refusals raise before any chunk."""
         request = self._admit(prompt, adapter, request_id)
         job = _Job(request_id, prompt, adapter, params)
@@ -445,13 +480,16 @@ class PlacementFrontend:
             raise ServeError(f"request id '{request_id}' is already in flight; request ids must be unique")
         allowed = self._serving(adapter)
         if len(self.placement.queue) >= self.max_queue:
-            raise OverloadedError(f"{len(self.placement.queue)} requests are waiting for an instance (the limit is "
-                                  f"{self.max_queue}); retry shortly")
+            raise OverloadedError(
+                f"{len(self.placement.queue)} requests are waiting for an instance (the limit is "
+                f"{self.max_queue}); retry shortly"
+            )
         self.refresh()
         request = PlacementRequest(request_id, adapter, self._count(prompt), self._clock(), allowed)
         if not self.placement.fits_somewhere(request):
-            raise ServeError(f"the prompt ({request.prompt_tokens} tokens) needs more KV cache than any instance "
-                             f"has; shorten it")
+            raise ServeError(
+                f"the prompt ({request.prompt_tokens} tokens) needs more KV cache than any instance has; shorten it"
+            )
         return request
 
     def _serving(self, adapter: str | None) -> frozenset[str] | None:
@@ -459,8 +497,10 @@ class PlacementFrontend:
             return None
         allowed = frozenset(iid for iid, b in self._backends.items() if adapter in b.adapter_names())
         if not allowed:
-            raise UnknownAdapterError(f"adapter '{adapter}' is not served by any instance (adapters: "
-                                      f"{', '.join(self.adapter_names()) or 'none'}).")
+            raise UnknownAdapterError(
+                f"adapter '{adapter}' is not served by any instance (adapters: "
+                f"{', '.join(self.adapter_names()) or 'none'})."
+            )
         return allowed
 
     def _count(self, prompt: str | list[int]) -> int:

@@ -54,7 +54,8 @@ class GenerationBackend(Protocol):
 
     def adapter_names(self) -> list[str]: ...
 
-    def generate(self, prompt: str | list[int], adapter: str | None, params: SamplingParams,
-                 request_id: str) -> AsyncIterator[GenerationChunk]:
+    def generate(
+        self, prompt: str | list[int], adapter: str | None, params: SamplingParams, request_id: str
+    ) -> AsyncIterator[GenerationChunk]:
         """Stream the request's chunks; raises UnknownAdapterError / OverloadedError before the first one."""
         ...

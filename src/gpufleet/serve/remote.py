@@ -75,9 +75,15 @@ class RemoteBackend:
     token). ``transport`` is for tests (an httpx transport instead of the network).
     """
 
-    def __init__(self, base_url: str, *, count_tokens: Callable[[str], int] | None = None,
-                 timeout_s: float = 10.0, state_ttl_s: float = 0.5,
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        count_tokens: Callable[[str], int] | None = None,
+        timeout_s: float = 10.0,
+        state_ttl_s: float = 0.5,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self._counter = count_tokens
         self._timeout = httpx.Timeout(timeout_s, read=None, pool=None)
@@ -143,8 +149,9 @@ class RemoteBackend:
         self.down_reason = reason
 
     # ---------------------------------------------------------------------------------------- generation
-    async def generate(self, prompt: str | list[int], adapter: str | None, params: SamplingParams,
-                       request_id: str) -> AsyncIterator[GenerationChunk]:
+    async def generate(
+        self, prompt: str | list[int], adapter: str | None, params: SamplingParams, request_id: str
+    ) -> AsyncIterator[GenerationChunk]:
         """Stream the remote completion as chunks; refusals raise before the first chunk (see the module doc)."""
         if self.down_reason:
             raise RemoteBackendError(f"{self.base_url} is down ({self.down_reason})")
@@ -162,13 +169,18 @@ class RemoteBackend:
 
     def _request_body(self, prompt: str | list[int], adapter: str | None, params: SamplingParams) -> dict[str, Any]:
         if params.stop_token_ids or params.ignore_eos:
-            raise ServeError("stop_token_ids and ignore_eos cannot be sent to a remote server (the OpenAI "
-                             "request has no such fields); use stop strings and max_tokens")
+            raise ServeError(
+                "stop_token_ids and ignore_eos cannot be sent to a remote server (the OpenAI "
+                "request has no such fields); use stop strings and max_tokens"
+            )
         body: dict[str, Any] = {
             "model": adapter if adapter is not None else self.base_model_name(),
             "prompt": list(prompt) if isinstance(prompt, list) else prompt,
-            "max_tokens": params.max_tokens, "temperature": params.temperature, "top_p": params.top_p,
-            "stream": True, "stream_options": {"include_usage": True},
+            "max_tokens": params.max_tokens,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "stream": True,
+            "stream_options": {"include_usage": True},
         }
         if params.seed is not None:
             body["seed"] = params.seed
@@ -187,8 +199,9 @@ class RemoteBackend:
         message, _, code = _error_message(payload, raw.decode(errors="replace")[:200] or response.reason_phrase)
         raise map_error(response.status_code, message, code, self.base_url)
 
-    async def _chunks(self, response: httpx.Response, request_id: str,
-                      prompt_tokens: int) -> AsyncIterator[GenerationChunk]:
+    async def _chunks(
+        self, response: httpx.Response, request_id: str, prompt_tokens: int
+    ) -> AsyncIterator[GenerationChunk]:
         """Server-sent events -> one chunk per generated token, the last one with the finish reason.
 
         A gpufleet server sends one event per generated token with its id (``token_ids``, also for a token
@@ -214,8 +227,9 @@ class RemoteBackend:
                             yield held
                         sent += 1
                         text = (choice.get("text") or "") if k == len(ids) - 1 else ""
-                        held = GenerationChunk(request_id, int(token), text, None,
-                                               prompt_tokens=prompt_tokens, completion_tokens=sent)
+                        held = GenerationChunk(
+                            request_id, int(token), text, None, prompt_tokens=prompt_tokens, completion_tokens=sent
+                        )
         if reason is None:
             raise RemoteBackendError(f"{self.base_url}: the stream ended without a finish reason")
         for chunk in _finish(held, request_id, reason, sent, usage, prompt_tokens):
@@ -227,8 +241,9 @@ class RemoteBackend:
         loop = asyncio.get_running_loop()
         if self._client is None or self._client_loop is not loop:
             limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
-            self._client = httpx.AsyncClient(base_url=self.base_url, timeout=self._timeout, limits=limits,
-                                             transport=self._transport)
+            self._client = httpx.AsyncClient(
+                base_url=self.base_url, timeout=self._timeout, limits=limits, transport=self._transport
+            )
             self._client_loop = loop
         return self._client
 
@@ -299,14 +314,16 @@ class RemoteBackend:
             raise RemoteBackendError(f"{self.base_url}{path} did not answer JSON") from exc
 
 
-def _finish(held: GenerationChunk | None, request_id: str, reason: str, sent: int, usage: Mapping[str, Any],
-            prompt_tokens: int) -> list[GenerationChunk]:
+def _finish(
+    held: GenerationChunk | None, request_id: str, reason: str, sent: int, usage: Mapping[str, Any], prompt_tokens: int
+) -> list[GenerationChunk]:
     """The held-back chunk, empty chunks for the tokens without text, the finish reason on the last chunk."""
     prompt = int(usage.get("prompt_tokens", prompt_tokens))
     total = max(int(usage.get("completion_tokens", sent)), sent, 1)
     chunks = [] if held is None else [held]
-    chunks += [GenerationChunk(request_id, UNKNOWN_TOKEN, "", None, completion_tokens=k)
-               for k in range(sent + 1, total + 1)]
+    chunks += [
+        GenerationChunk(request_id, UNKNOWN_TOKEN, "", None, completion_tokens=k) for k in range(sent + 1, total + 1)
+    ]
     for chunk in chunks:
         chunk.prompt_tokens = prompt
     chunks[-1].finish_reason = reason
@@ -318,7 +335,7 @@ async def _events(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
     async for line in response.aiter_lines():
         if not line.startswith("data:"):
             continue
-        payload = line[len("data:"):].strip()
+        payload = line[len("data:") :].strip()
         if payload == "[DONE]":
             return
         event = json.loads(payload)

@@ -17,8 +17,9 @@ def _sample_row(logits: torch.Tensor, params: SamplingParams, generator: torch.G
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
-def sample_next(logits: torch.Tensor, params: list[SamplingParams],
-                generators: list[torch.Generator | None]) -> list[int]:
+def sample_next(
+    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
+) -> list[int]:
     """One token id per row of ``logits`` [R, vocab] (fp32, on any device)."""
     greedy = logits.argmax(dim=-1).tolist()
     out = []

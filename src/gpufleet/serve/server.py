@@ -81,7 +81,7 @@ class StopMatcher:
             self._held = ""
             return buf[: min(cuts)], True
         keep = self._partial_tail(buf)
-        self._held = buf[len(buf) - keep:]
+        self._held = buf[len(buf) - keep :]
         return buf[: len(buf) - keep], False
 
     def flush(self) -> str:
@@ -101,16 +101,23 @@ class StopMatcher:
 class ApiError(Exception):
     """An error answered as OpenAI error JSON with an HTTP status."""
 
-    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None, headers: dict[str, str] | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ):
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
         self.headers = headers
 
     def body(self) -> ErrorResponse:
         """``{"error": {"message", "type", "param", "code"}}``."""
-        return ErrorResponse(error=ErrorInfo(message=self.message, type=self.type, param=self.param,
-                                             code=self.code))
+        return ErrorResponse(error=ErrorInfo(message=self.message, type=self.type, param=self.param, code=self.code))
 
     def response(self) -> JSONResponse:
         """The JSON response of this error."""
@@ -119,8 +126,7 @@ class ApiError(Exception):
 
 def overloaded(message: str) -> ApiError:
     """429 with Retry-After: the client should come back shortly."""
-    return ApiError(429, message, type="rate_limit_error", code="overloaded",
-                    headers={"Retry-After": RETRY_AFTER_S})
+    return ApiError(429, message, type="rate_limit_error", code="overloaded", headers={"Retry-After": RETRY_AFTER_S})
 
 
 def backend_error(exc: BaseException) -> ApiError:
@@ -128,15 +134,20 @@ def backend_error(exc: BaseException) -> ApiError:
     if isinstance(exc, ApiError):
         return exc
     if isinstance(exc, UnknownAdapterError):
-        return ApiError(404, f"{exc} GET /v1/models lists the models and adapters served here.",
-                        param="model", code="model_not_found")
+        return ApiError(
+            404,
+            f"{exc} GET /v1/models lists the models and adapters served here.",
+            param="model",
+            code="model_not_found",
+        )
     if isinstance(exc, OverloadedError):
         return overloaded(str(exc))
     if isinstance(exc, ServeError):
         return ApiError(400, str(exc))
     log.error("generation backend failed", exc_info=exc)
-    return ApiError(500, f"the generation backend failed: {type(exc).__name__}: {exc}", type="server_error",
-                    code="backend_error")
+    return ApiError(
+        500, f"the generation backend failed: {type(exc).__name__}: {exc}", type="server_error", code="backend_error"
+    )
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
@@ -170,8 +181,13 @@ def _install_error_handlers(app: FastAPI) -> None:
 class Generation:
     """One request's backend stream: stop strings applied, tokens counted, closed exactly once."""
 
-    def __init__(self, chunks: AsyncIterator[GenerationChunk], first: GenerationChunk | None,
-                 stops: Sequence[str], release: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        chunks: AsyncIterator[GenerationChunk],
+        first: GenerationChunk | None,
+        stops: Sequence[str],
+        release: Callable[[], None],
+    ) -> None:
         self._chunks, self._first, self._release = chunks, first, release
         self._stop = StopMatcher(stops)
         self.finish_reason: str | None = None
@@ -210,8 +226,11 @@ class Generation:
 
     def usage(self) -> Usage:
         """Token counts so far (final once ``pieces`` has ended)."""
-        return Usage(prompt_tokens=self.prompt_tokens, completion_tokens=self.completion_tokens,
-                     total_tokens=self.prompt_tokens + self.completion_tokens)
+        return Usage(
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.completion_tokens,
+            total_tokens=self.prompt_tokens + self.completion_tokens,
+        )
 
     async def aclose(self) -> None:
         """Close the backend stream (the engine aborts the request if it is still running) and free the slot."""
@@ -270,8 +289,10 @@ class OpenAIServer:
     def models(self) -> ModelList:
         """The base model, then every adapter with the base as parent."""
         cards = [ModelCard(id=self.model_name, created=self.created)]
-        cards += [ModelCard(id=name, created=self.created, parent=self.model_name)
-                  for name in sorted(self.backend.adapter_names())]
+        cards += [
+            ModelCard(id=name, created=self.created, parent=self.model_name)
+            for name in sorted(self.backend.adapter_names())
+        ]
         return ModelList(data=cards)
 
     def resolve(self, model: str) -> str | None:
@@ -280,11 +301,23 @@ class OpenAIServer:
             return None
         if model in self.backend.adapter_names():
             return model
-        raise ApiError(404, f"The model or adapter '{model}' does not exist here. GET /v1/models lists the base "
-                            f"model and every adapter served.", param="model", code="model_not_found")
+        raise ApiError(
+            404,
+            f"The model or adapter '{model}' does not exist here. GET /v1/models lists the base "
+            f"model and every adapter served.",
+            param="model",
+            code="model_not_found",
+        )
 
-    async def start(self, request: Request, model: str, prompt: str | list[int], params: SamplingParams,
-                    stops: Sequence[str], request_id: str) -> Generation:
+    async def start(
+        self,
+        request: Request,
+        model: str,
+        prompt: str | list[int],
+        params: SamplingParams,
+        stops: Sequence[str],
+        request_id: str,
+    ) -> Generation:
         """Admit the request and wait for its first chunk (a disconnect meanwhile cancels it); backend refusals
         (unknown adapter, overload) surface here as ApiError."""
         adapter = self.resolve(model)
@@ -351,8 +384,13 @@ def _sse(payload: Any) -> str:
     return f"data: {payload.model_dump_json()}\n\n"
 
 
-async def _stream_events(gen: Generation, first: Sequence[Any], piece: Callable[[str, int | None], Any],
-                         last: Callable[[str | None], Any], usage: Callable[[Usage], Any] | None) -> AsyncIterator[str]:
+async def _stream_events(
+    gen: Generation,
+    first: Sequence[Any],
+    piece: Callable[[str, int | None], Any],
+    last: Callable[[str | None], Any],
+    usage: Callable[[Usage], Any] | None,
+) -> AsyncIterator[str]:
     """Server-sent events: leading events, one per generated token (``piece`` may skip one: None), the finishing
     one, optional usage, ``[DONE]``."""
     try:
@@ -426,20 +464,27 @@ class ChatShape:
 
     def whole(self, text: str, reason: str | None, usage: Usage) -> ChatCompletionResponse:
         choice = ChatChoice(message=AssistantMessage(content=text), finish_reason=reason)
-        return ChatCompletionResponse(id=self.id, created=self.created, model=self.model, choices=[choice],
-                                      usage=usage)
+        return ChatCompletionResponse(id=self.id, created=self.created, model=self.model, choices=[choice], usage=usage)
 
 
-async def _respond(server: OpenAIServer, shape: CompletionShape | ChatShape, body: CompletionRequest |
-                   ChatCompletionRequest, prompt: str | list[int], max_tokens: int, request: Request) -> Any:
+async def _respond(
+    server: OpenAIServer,
+    shape: CompletionShape | ChatShape,
+    body: CompletionRequest | ChatCompletionRequest,
+    prompt: str | list[int],
+    max_tokens: int,
+    request: Request,
+) -> Any:
     """Start the generation, then stream it as SSE or answer with the whole output."""
     params = body.sampling_params(max_tokens)
     gen = await server.start(request, body.model, prompt, params, body.stop_strings(), shape.id)
     if body.stream:
-        events = _stream_events(gen, shape.first(), shape.piece, shape.last,
-                                shape.usage if body.include_usage() else None)
-        return CancellingStreamingResponse(events, media_type="text/event-stream",
-                                           headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        events = _stream_events(
+            gen, shape.first(), shape.piece, shape.last, shape.usage if body.include_usage() else None
+        )
+        return CancellingStreamingResponse(
+            events, media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        )
     try:
         text = await unless_disconnected(request, lambda: _join(gen))
     except ApiError:
@@ -451,8 +496,9 @@ async def _respond(server: OpenAIServer, shape: CompletionShape | ChatShape, bod
     return JSONResponse(shape.whole(text, gen.finish_reason, gen.usage()).model_dump())
 
 
-def create_app(backend: GenerationBackend, *, model_name: str | None = None,
-               max_concurrent: int | None = None) -> FastAPI:
+def create_app(
+    backend: GenerationBackend, *, model_name: str | None = None, max_concurrent: int | None = None
+) -> FastAPI:
     """The OpenAI-compatible app over ``backend``.
 
     ``model_name`` is the name the base model is listed under (default: the backend's own, which is accepted
@@ -492,10 +538,21 @@ def create_app(backend: GenerationBackend, *, model_name: str | None = None,
     return app
 
 
-def run_server(backend: GenerationBackend, host: str = "127.0.0.1", port: int = 8000, *,
-               model_name: str | None = None, max_concurrent: int | None = None, log_level: str = "info") -> None:
+def run_server(
+    backend: GenerationBackend,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    *,
+    model_name: str | None = None,
+    max_concurrent: int | None = None,
+    log_level: str = "info",
+) -> None:
     """Serve ``backend`` over HTTP with uvicorn until interrupted."""
     import uvicorn
 
-    uvicorn.run(create_app(backend, model_name=model_name, max_concurrent=max_concurrent), host=host, port=port,
-                log_level=log_level)
+    uvicorn.run(
+        create_app(backend, model_name=model_name, max_concurrent=max_concurrent),
+        host=host,
+        port=port,
+        log_level=log_level,
+    )

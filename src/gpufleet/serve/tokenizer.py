@@ -54,6 +54,7 @@ def load_tokenizer(base: str | Path, bos_id: int | None, eos_ids: tuple[int, ...
         try:
             return HFTokenizer(path, bos_id, eos_ids)
         except ImportError as exc:
-            raise ServeError("reading tokenizer.json needs the `tokenizers` package: pip install "
-                             "'gpufleet[serve]'") from exc
+            raise ServeError(
+                "reading tokenizer.json needs the `tokenizers` package: pip install 'gpufleet[serve]'"
+            ) from exc
     return ByteTokenizer()

@@ -20,8 +20,9 @@ def _safetensor_files(folder: Path) -> list[Path]:
         return [folder / n for n in names]
     files = sorted(folder.glob("*.safetensors"))
     if not files:
-        raise ServeError(f"{folder}: no *.safetensors weights; save the model with save_pretrained(..., "
-                         "safe_serialization=True)")
+        raise ServeError(
+            f"{folder}: no *.safetensors weights; save the model with save_pretrained(..., safe_serialization=True)"
+        )
     return files
 
 
@@ -37,8 +38,9 @@ def load_state(folder: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def load_model(base: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu",
-               seed: int = 0) -> LlamaLoRAForCausalLM:
+def load_model(
+    base: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu", seed: int = 0
+) -> LlamaLoRAForCausalLM:
     """A model from a Hugging Face folder, or a random one when ``base`` names a shape (tiny-llama-random ...)."""
     if str(base) in NAMED_RANDOM_MODELS:
         return random_model(NAMED_RANDOM_MODELS[str(base)], seed=seed).to(dtype=dtype, device=device)

@@ -39,9 +39,16 @@ _INF = math.inf
 class ElasticSimulator:
     """One run of one Aryl-family policy over one trace on a two-pool cluster; call :meth:`run` once."""
 
-    def __init__(self, jobs: pl.DataFrame, cluster: Any, policy: ArylPolicy, config: SimConfig | None = None,
-                 elastic: ElasticConfig | None = None, inference: Any = None,
-                 curve: ScalingCurve | None = None) -> None:
+    def __init__(
+        self,
+        jobs: pl.DataFrame,
+        cluster: Any,
+        policy: ArylPolicy,
+        config: SimConfig | None = None,
+        elastic: ElasticConfig | None = None,
+        inference: Any = None,
+        curve: ScalingCurve | None = None,
+    ) -> None:
         self.config = config or SimConfig()
         self.ecfg = elastic or ElasticConfig()
         self.policy = policy
@@ -64,8 +71,9 @@ class ElasticSimulator:
         self.cluster_gpus = PoolGPUs.of(cluster)
         self.inference = inference if inf_pools else None
         self.loans = policy.loan and self.inference is not None
-        ej = assign_elastic(jobs, self.ecfg, max(p.gpus_per_node for p in training),
-                            elastic_override=None if policy.elastic else False)
+        ej = assign_elastic(
+            jobs, self.ecfg, max(p.gpus_per_node for p in training), elastic_override=None if policy.elastic else False
+        )
         self.g: list[int] = ej.gpus_per_worker.tolist()
         self.wmin: list[int] = ej.min_workers.tolist()
         self.wmax: list[int] = ej.max_workers.tolist()
@@ -108,8 +116,10 @@ class ElasticSimulator:
         self._masks: dict[tuple[str | None, bool], np.ndarray] = {}
         self._type_of: list[str | None] = [t.lower() if isinstance(t, str) else None for t in w.gpu_type]
         self._resolve_schedulable()
-        self._tl = {k: array("d") for k in ("t", "busy", "loaned_used", "loaned", "loaned_gpus", "inference",
-                                            "needed", "queued", "running")}
+        self._tl = {
+            k: array("d")
+            for k in ("t", "busy", "loaned_used", "loaned", "loaned_gpus", "inference", "needed", "queued", "running")
+        }
         policy.bind(self)  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------ setup
@@ -349,21 +359,38 @@ class ElasticSimulator:
         # stands (its values only drift as remaining times shrink), so the round is skipped.
         free_now = srv.free_in[TRAINING] + (srv.free_in[LOANED] if self.loans else 0)
         newcomers = any(j not in self._last_round for j in cand)
-        if not newcomers and all(free_now < self.g[j] or self.nflex[j] >= self.wmax[j] - self.wmin[j]
-                                 for j in cand):
+        if not newcomers and all(free_now < self.g[j] or self.nflex[j] >= self.wmax[j] - self.wmin[j] for j in cand):
             return
         factor = (free_train + self.loan_speed * free_loan) / capacity
-        rows = np.array([
-            (self.g[j], self.nflex[j], self.wmax[j] - self.wmin[j], self.remaining[j] - self.progress_now(j, now),
-             self.rate[j], self.eff[j] - self.eff_flex[j], self.wmin[j])
-            for j in cand
-        ])
+        rows = np.array(
+            [
+                (
+                    self.g[j],
+                    self.nflex[j],
+                    self.wmax[j] - self.wmin[j],
+                    self.remaining[j] - self.progress_now(j, now),
+                    self.rate[j],
+                    self.eff[j] - self.eff_flex[j],
+                    self.wmin[j],
+                )
+                for j in cand
+            ]
+        )
         g = rows[:, 0].astype(np.int64)
         extra_now = rows[:, 1].astype(np.int64)
         extra_max = np.maximum(np.minimum(rows[:, 2].astype(np.int64), capacity // g), extra_now)
         choice = self.policy.extra_workers(
-            rows[:, 3], rows[:, 4], rows[:, 5], rows[:, 6], extra_now, extra_max, g, capacity, factor,
-            self.ecfg.scale_pause_s, self._throughput_rows(cand),
+            rows[:, 3],
+            rows[:, 4],
+            rows[:, 5],
+            rows[:, 6],
+            extra_now,
+            extra_max,
+            g,
+            capacity,
+            factor,
+            self.ecfg.scale_pause_s,
+            self._throughput_rows(cand),
         )
         self._last_round = set(cand)
         changed: set[int] = set()
@@ -374,13 +401,15 @@ class ElasticSimulator:
                 self._drop_flex(j, self.nflex[j] - k)
                 changed.add(j)
         # then grow, biggest workers first (best-fit decreasing), loaned servers first
-        grow = sorted((j for j, k in zip(cand, choice.tolist(), strict=True) if k > self.nflex[j]),
-                      key=lambda x: (-self.g[x], x))
+        grow = sorted(
+            (j for j, k in zip(cand, choice.tolist(), strict=True) if k > self.nflex[j]), key=lambda x: (-self.g[x], x)
+        )
         want = dict(zip(cand, choice.tolist(), strict=True))
         for j in grow:
             need = want[j] - self.nflex[j]
-            places = srv.best_fit_many(self.g[j], need, self._mask(j, True) & (srv.group == LOANED)) \
-                if self.loans else []
+            places = (
+                srv.best_fit_many(self.g[j], need, self._mask(j, True) & (srv.group == LOANED)) if self.loans else []
+            )
             if len(places) < need:
                 places += srv.best_fit_many(self.g[j], need - len(places), self._mask(j, False))
             if not places:
@@ -539,8 +568,11 @@ class ElasticSimulator:
         events = self._events
         load = self.inference
         if load is not None:
-            times, values = held_schedule(np.asarray(load.time_s, dtype=np.float64),
-                                          np.asarray(load.servers, dtype=np.int64), self.ecfg.reclaim_notice_s)
+            times, values = held_schedule(
+                np.asarray(load.time_s, dtype=np.float64),
+                np.asarray(load.servers, dtype=np.int64),
+                self.ecfg.reclaim_notice_s,
+            )
             lt, lv = times.tolist(), values.tolist()
         else:
             lt, lv = [], []
@@ -697,13 +729,20 @@ class ElasticSimulator:
     def _aryl_metrics(self, timeline: pl.DataFrame) -> dict[str, Any]:
         t = timeline["time_s"].to_numpy()
         if not len(t):  # nothing ran: an empty trace, or no job fits any training pool
-            return {"usage": float("nan"), "loaned_gpu_hours": 0.0, "reclaims": 0, "reclaim_preemptions": 0,
-                    "scale_events": 0, "elastic_jobs": 0}
+            return {
+                "usage": float("nan"),
+                "loaned_gpu_hours": 0.0,
+                "reclaims": 0,
+                "reclaim_preemptions": 0,
+                "scale_events": 0,
+                "elastic_jobs": 0,
+            }
         start, end = self.submit[0], self.submit[-1]
         loaned_used = time_weighted_mean(t, timeline["loaned_gpus_used"].to_numpy(), t[0], t[-1]) * (t[-1] - t[0])
         out = {
-            "usage": usage_over_window(t, timeline["busy_gpus"].to_numpy(), self.inference, self.cluster_gpus,
-                                       start, end),
+            "usage": usage_over_window(
+                t, timeline["busy_gpus"].to_numpy(), self.inference, self.cluster_gpus, start, end
+            ),
             "loaned_gpu_hours": float(loaned_used / 3600.0),
             "reclaims": self.counters["reclaims"],
             "reclaim_preemptions": self.counters["reclaim_preemptions"],
@@ -724,7 +763,7 @@ def held_schedule(time_s: np.ndarray, servers: np.ndarray, notice_s: float) -> t
         times = np.unique(np.concatenate((time_s, np.maximum(time_s - notice_s, time_s[0]))))
         lo = np.searchsorted(time_s, times, side="right") - 1
         hi = np.searchsorted(time_s, times + notice_s, side="right")  # steps starting by t + notice
-        prefix = [servers[a: max(b, a + 1)].max() for a, b in zip(lo.tolist(), hi.tolist(), strict=True)]
+        prefix = [servers[a : max(b, a + 1)].max() for a, b in zip(lo.tolist(), hi.tolist(), strict=True)]
         values = np.asarray(prefix, dtype=np.int64)
     else:
         times, values = time_s, servers
@@ -747,8 +786,9 @@ class PoolGPUs:
         return cls(cluster.total_gpus("training"), cluster.total_gpus("inference"), per)
 
 
-def usage_over_window(time_s: np.ndarray, busy_gpus: np.ndarray, inference: Any, pools: PoolGPUs,
-                      start: float, end: float) -> float:
+def usage_over_window(
+    time_s: np.ndarray, busy_gpus: np.ndarray, inference: Any, pools: PoolGPUs, start: float, end: float
+) -> float:
     """GPU-time allocated to training and to inference over the capacity of both pools, in [start, end].
 
     Measured over the trace's arrival window so that the drain after the last arrival does not dilute it.
@@ -761,8 +801,11 @@ def usage_over_window(time_s: np.ndarray, busy_gpus: np.ndarray, inference: Any,
     if inference is None or not pools.per_inference_server:
         inf = pools.inference
     else:
-        inf = time_weighted_mean(np.asarray(inference.time_s, dtype=np.float64),
-                                 np.asarray(inference.servers, dtype=np.float64) * pools.per_inference_server,
-                                 start, end)
+        inf = time_weighted_mean(
+            np.asarray(inference.time_s, dtype=np.float64),
+            np.asarray(inference.servers, dtype=np.float64) * pools.per_inference_server,
+            start,
+            end,
+        )
     cap = pools.training + pools.inference
     return float((train + inf) / cap) if cap else float("nan")

@@ -75,8 +75,9 @@ def _hash_unit(job_ids: list[str], seed: int) -> np.ndarray:
     return out
 
 
-def assign_elastic(jobs: pl.DataFrame, config: ElasticConfig, gpus_per_node: int,
-                   elastic_override: bool | None = None) -> ElasticJobs:
+def assign_elastic(
+    jobs: pl.DataFrame, config: ElasticConfig, gpus_per_node: int, elastic_override: bool | None = None
+) -> ElasticJobs:
     """Workers per job for the frame ``jobs`` (already in submit order).
 
     ``elastic_override`` False makes every job inelastic (policies without elastic scaling).

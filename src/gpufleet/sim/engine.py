@@ -39,9 +39,15 @@ PENDING, WAITING, RUNNING, DONE, UNSCHEDULABLE = 0, 1, 2, 3, 4
 class Simulator:
     """One run of one policy over one workload on one cluster; call :meth:`run` once."""
 
-    def __init__(self, workload: Workload, partitions: list[Partition], policy: Policy,
-                 config: SimConfig | None = None, outages: OutagePlan | None = None,
-                 network: NetworkState | None = None) -> None:
+    def __init__(
+        self,
+        workload: Workload,
+        partitions: list[Partition],
+        policy: Policy,
+        config: SimConfig | None = None,
+        outages: OutagePlan | None = None,
+        network: NetworkState | None = None,
+    ) -> None:
         self.workload = workload
         self.parts = partitions
         self.policy = policy
@@ -119,8 +125,12 @@ class Simulator:
         self._oi = 0
         self._down = [0] * len(partitions)  # GPUs out of service, per partition
         self._penalty: dict[int, float] = {}  # extra restore time of a job's next start (a drain's checkpoint)
-        self._out_stats = {"job_interruptions": 0, "lost_failures_gpu_s": 0.0, "drain_moves": 0,
-                           "drain_cost_gpu_s": 0.0}
+        self._out_stats = {
+            "job_interruptions": 0,
+            "lost_failures_gpu_s": 0.0,
+            "drain_moves": 0,
+            "drain_cost_gpu_s": 0.0,
+        }
         # network contention between multi-node jobs (gpufleet.sim.network); None: jobs run at placement speed
         self.network = network
         self._contention_gpu_s = 0.0

@@ -27,9 +27,21 @@ from gpufleet.sim.workload import Workload, partitions_for
 DEFAULT_FAILURE_CHECKPOINT_S = 3600.0
 
 #: Columns of :func:`comparison`, in order.
-COMPARISON_COLUMNS = ("policy", "predictor", "failures", "job_interruptions", "lost_gpu_hours_failures",
-                      "drains", "drain_true", "drain_false", "false_alarm_gpu_hours", "avoided_failures",
-                      "avg_jct_s", "finished", "jobs")
+COMPARISON_COLUMNS = (
+    "policy",
+    "predictor",
+    "failures",
+    "job_interruptions",
+    "lost_gpu_hours_failures",
+    "drains",
+    "drain_true",
+    "drain_false",
+    "false_alarm_gpu_hours",
+    "avoided_failures",
+    "avg_jct_s",
+    "finished",
+    "jobs",
+)
 
 
 @dataclass(frozen=True)
@@ -49,8 +61,10 @@ class FailureRun:
 def _gang_policy(name: str, opts: Mapping[str, Any]) -> Any:
     policy = make_policy(name, **dict(opts))
     if policy.engine != "gang":
-        raise ConfigError(f"--failures: policy '{name}' runs on the elastic engine, which does not inject "
-                          "failures yet; choose among fifo, sjf, srtf, las, tiresias")
+        raise ConfigError(
+            f"--failures: policy '{name}' runs on the elastic engine, which does not inject "
+            "failures yet; choose among fifo, sjf, srtf, las, tiresias"
+        )
     return policy
 
 
@@ -116,8 +130,9 @@ def _run_pool(runs: list[FailureRun], workers: int, on_done: Callable[[SimResult
     from multiprocessing import get_context
 
     out: list[SimResult | None] = [None] * len(runs)
-    with ProcessPoolExecutor(max_workers=min(workers, len(runs), os.cpu_count() or 1),
-                             mp_context=get_context("spawn")) as pool:
+    with ProcessPoolExecutor(
+        max_workers=min(workers, len(runs), os.cpu_count() or 1), mp_context=get_context("spawn")
+    ) as pool:
         futures = {pool.submit(run_failure_one, r): i for i, r in enumerate(runs)}
         for fut in as_completed(futures):
             res = out[futures[fut]] = fut.result()
@@ -129,9 +144,21 @@ def _run_pool(runs: list[FailureRun], workers: int, on_done: Callable[[SimResult
 def comparison(results: Sequence[SimResult]) -> pl.DataFrame:
     """One row per run (policy x predictor) with the failure metrics next to JCT and jobs finished."""
     rows = [{c: r.summary.get(c) for c in COMPARISON_COLUMNS} for r in results]
-    return pl.DataFrame(rows, schema={
-        "policy": pl.Utf8, "predictor": pl.Boolean, "failures": pl.Int64, "job_interruptions": pl.Int64,
-        "lost_gpu_hours_failures": pl.Float64, "drains": pl.Int64, "drain_true": pl.Int64, "drain_false": pl.Int64,
-        "false_alarm_gpu_hours": pl.Float64, "avoided_failures": pl.Int64, "avg_jct_s": pl.Float64,
-        "finished": pl.Int64, "jobs": pl.Int64,
-    })
+    return pl.DataFrame(
+        rows,
+        schema={
+            "policy": pl.Utf8,
+            "predictor": pl.Boolean,
+            "failures": pl.Int64,
+            "job_interruptions": pl.Int64,
+            "lost_gpu_hours_failures": pl.Float64,
+            "drains": pl.Int64,
+            "drain_true": pl.Int64,
+            "drain_false": pl.Int64,
+            "false_alarm_gpu_hours": pl.Float64,
+            "avoided_failures": pl.Int64,
+            "avg_jct_s": pl.Float64,
+            "finished": pl.Int64,
+            "jobs": pl.Int64,
+        },
+    )

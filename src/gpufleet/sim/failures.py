@@ -61,8 +61,9 @@ class OutageSettings:
 
     def __post_init__(self) -> None:
         if self.repair_s <= 0 or self.drain_s <= 0:
-            raise ConfigError(f"repair and drain times must be > 0 (got repair {self.repair_s:g} s, "
-                              f"drain {self.drain_s:g} s)")
+            raise ConfigError(
+                f"repair and drain times must be > 0 (got repair {self.repair_s:g} s, drain {self.drain_s:g} s)"
+            )
         if self.checkpoint_save_s < 0:
             raise ConfigError(f"checkpoint_save_s must be >= 0, got {self.checkpoint_save_s:g}")
 
@@ -70,8 +71,10 @@ class OutageSettings:
 def _check_frame(frame: pl.DataFrame, required: tuple[str, ...], what: str) -> pl.DataFrame:
     missing = [c for c in required if c not in frame.columns]
     if missing:
-        raise ConfigError(f"the {what} frame lacks column(s) {', '.join(missing)} (it has "
-                          f"{', '.join(frame.columns) or 'none'}); expected {', '.join(required)}")
+        raise ConfigError(
+            f"the {what} frame lacks column(s) {', '.join(missing)} (it has "
+            f"{', '.join(frame.columns) or 'none'}); expected {', '.join(required)}"
+        )
     out = frame.select(pl.col("node").cast(pl.Int64), pl.col("time_s").cast(pl.Float64))
     if out["node"].null_count() or out["time_s"].null_count() or out["time_s"].is_nan().any():
         raise ConfigError(f"the {what} frame has null node or time_s values; drop those rows first")
@@ -101,8 +104,14 @@ class OutagePlan:
         return len(self.time)
 
     @classmethod
-    def build(cls, failures: pl.DataFrame, alerts: pl.DataFrame | None, partitions: list[Partition],
-              origin_s: float = 0.0, settings: OutageSettings | None = None) -> OutagePlan:
+    def build(
+        cls,
+        failures: pl.DataFrame,
+        alerts: pl.DataFrame | None,
+        partitions: list[Partition],
+        origin_s: float = 0.0,
+        settings: OutageSettings | None = None,
+    ) -> OutagePlan:
         """Map ``failures`` and ``alerts`` (fleet frames) onto ``partitions``; fleet time 0 is ``origin_s``."""
         settings = settings or OutageSettings()
         nodes = [(p, k) for p, part in enumerate(partitions) for k in range(part.nodes)]
@@ -163,8 +172,7 @@ class _Builder:
 
     def __init__(self, settings: OutageSettings) -> None:
         self.s = settings
-        self.cols: dict[str, list] = {k: [] for k in ("time", "kind", "part", "node", "gpus", "drain_true",
-                                                      "window_s")}
+        self.cols: dict[str, list] = {k: [] for k in ("time", "kind", "part", "node", "gpus", "drain_true", "window_s")}
 
     def start_node(self, part: int, node: int, gpus: int) -> None:
         self.p, self.k, self.g = part, node, gpus
@@ -174,8 +182,15 @@ class _Builder:
 
     def _emit(self, t: float, kind: int, window: float = 0.0) -> int:
         c = self.cols
-        for key, v in (("time", t), ("kind", kind), ("part", self.p), ("node", self.k), ("gpus", self.g),
-                       ("drain_true", False), ("window_s", window)):
+        for key, v in (
+            ("time", t),
+            ("kind", kind),
+            ("part", self.p),
+            ("node", self.k),
+            ("gpus", self.g),
+            ("drain_true", False),
+            ("window_s", window),
+        ):
             c[key].append(v)
         return len(c["time"]) - 1
 
@@ -214,9 +229,16 @@ class _Builder:
         c = self.cols
         order = np.argsort(np.asarray(c["time"], dtype=np.float64), kind="stable").tolist()
         pick = {k: [v[i] for i in order] for k, v in c.items()}
-        return OutagePlan(time=[float(x) for x in pick["time"]], kind=pick["kind"], part=pick["part"],
-                          node=pick["node"], gpus=pick["gpus"], drain_true=pick["drain_true"],
-                          window_s=pick["window_s"], settings=self.s)
+        return OutagePlan(
+            time=[float(x) for x in pick["time"]],
+            kind=pick["kind"],
+            part=pick["part"],
+            node=pick["node"],
+            gpus=pick["gpus"],
+            drain_true=pick["drain_true"],
+            window_s=pick["window_s"],
+            settings=self.s,
+        )
 
 
 def empty_failures() -> pl.DataFrame:

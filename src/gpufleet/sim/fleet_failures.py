@@ -22,11 +22,20 @@ __all__ = ["DEFAULT_DRAIN_HOURS", "run_with_failures"]
 DEFAULT_DRAIN_HOURS = 12.0
 
 
-def run_with_failures(jobs: pl.DataFrame, spec: ClusterSpec, policies: Sequence[str], config: SimConfig,
-                      opts: dict[str, dict[str, Any]], fleet: Path, model: Path | None, repair_hours: float,
-                      drain_hours: float | None, workers: int = 1,
-                      on_done: Callable[[SimResult], None] | None = None,
-                      log: Callable[[str], None] | None = None) -> list[SimResult]:
+def run_with_failures(
+    jobs: pl.DataFrame,
+    spec: ClusterSpec,
+    policies: Sequence[str],
+    config: SimConfig,
+    opts: dict[str, dict[str, Any]],
+    fleet: Path,
+    model: Path | None,
+    repair_hours: float,
+    drain_hours: float | None,
+    workers: int = 1,
+    on_done: Callable[[SimResult], None] | None = None,
+    log: Callable[[str], None] | None = None,
+) -> list[SimResult]:
     """Each policy with ``fleet``'s failures injected, and once more with ``model``'s drains when it is given.
 
     ``drain_hours`` defaults to the model's horizon (so that a right alert's failure falls inside the drain);
@@ -43,8 +52,11 @@ def run_with_failures(jobs: pl.DataFrame, spec: ClusterSpec, policies: Sequence[
     alerts = predicted_alerts(model, fleet) if model is not None else None
     if log is not None:
         extra = f", {alerts.height:,} alerts from {model}" if alerts is not None else ""
-        log(f"{fails.height:,} failures from {fleet}{extra}; fleet time 0 = the trace's first submission, "
-            "events after the last job ends are ignored")
+        log(
+            f"{fails.height:,} failures from {fleet}{extra}; fleet time 0 = the trace's first submission, "
+            "events after the last job ends are ignored"
+        )
     settings = OutageSettings(repair_s=repair_hours * 3600.0, drain_s=drain_hours * 3600.0)
-    return run_failure_study(jobs, spec, policies, fails, alerts, config, settings, opts, workers=workers,
-                             on_done=on_done)
+    return run_failure_study(
+        jobs, spec, policies, fails, alerts, config, settings, opts, workers=workers, on_done=on_done
+    )

@@ -47,5 +47,11 @@ def punica_load(spec: ClusterSpec, kind: str, profile: str, pool_servers: int, s
     pool = spec.inference_pools[0]
     serving = LoRAServingModel(gpu=pool.gpu, model="llama3.2-3b")
     system = "gpufleet" if kind == "punica" else "per_adapter"
-    return lora_inference_load(profile, pool_servers=pool_servers, until_s=span, serving=serving, system=system,
-                               gpus_per_server=pool.gpus_per_node)
+    return lora_inference_load(
+        profile,
+        pool_servers=pool_servers,
+        until_s=span,
+        serving=serving,
+        system=system,
+        gpus_per_server=pool.gpus_per_node,
+    )

@@ -20,8 +20,9 @@ def _pct(x: np.ndarray, q: float) -> float:
     return float(np.percentile(x, q)) if len(x) else float("nan")
 
 
-def summarize(policy: str, jobs: pl.DataFrame, timeline: pl.DataFrame, total_gpus: int, wall_s: float,
-              meta: dict[str, Any]) -> dict[str, Any]:
+def summarize(
+    policy: str, jobs: pl.DataFrame, timeline: pl.DataFrame, total_gpus: int, wall_s: float, meta: dict[str, Any]
+) -> dict[str, Any]:
     """One row per run; keys are the ``--json`` contract (seconds, fractions in [0, 1])."""
     done = jobs.filter(pl.col("finish_s").is_not_nan())
     jct = done["jct_s"].to_numpy()
@@ -30,8 +31,7 @@ def summarize(policy: str, jobs: pl.DataFrame, timeline: pl.DataFrame, total_gpu
     last = float(done["finish_s"].max()) if done.height else first
     makespan = last - first
     util = (
-        time_weighted_mean(timeline["time_s"].to_numpy(), timeline["busy_gpus"].to_numpy(), first, last)
-        / total_gpus
+        time_weighted_mean(timeline["time_s"].to_numpy(), timeline["busy_gpus"].to_numpy(), first, last) / total_gpus
         if total_gpus
         else 0.0
     )

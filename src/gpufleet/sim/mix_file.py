@@ -11,22 +11,31 @@ from gpufleet.errors import TraceError
 __all__ = ["mix_summary", "write_mix"]
 
 
-def write_mix(out_path: Path, intensity: str = "heavy", jobs: int = 256, seed: int = 0, arrival: str = "batch",
-              rate_per_h: float | None = None) -> dict[str, Any]:
+def write_mix(
+    out_path: Path,
+    intensity: str = "heavy",
+    jobs: int = 256,
+    seed: int = 0,
+    arrival: str = "batch",
+    rate_per_h: float | None = None,
+) -> dict[str, Any]:
     """Generate the mix, write it to ``out_path`` (must end in .parquet) and return :func:`mix_summary`."""
     from gpufleet.sim.mixes import default_rate_per_h, generate_mix, resolve_intensity
     from gpufleet.traces.convert import write_trace
 
     if not str(out_path).lower().endswith(".parquet"):
-        raise TraceError(f"{out_path}: the mix is written as Parquet (it keeps the model column); "
-                         "give an output path ending in .parquet")
+        raise TraceError(
+            f"{out_path}: the mix is written as Parquet (it keeps the model column); "
+            "give an output path ending in .parquet"
+        )
     frame = generate_mix(intensity, jobs=jobs, seed=seed, arrival=arrival, rate_per_h=rate_per_h)
     path = write_trace(frame, out_path, format="parquet")
     rate = None
     if arrival == "poisson":
         rate = rate_per_h if rate_per_h is not None else default_rate_per_h(intensity, seed)
-    return mix_summary(frame, intensity=resolve_intensity(intensity), seed=seed, arrival=arrival,
-                       rate_per_h=rate, path=str(path))
+    return mix_summary(
+        frame, intensity=resolve_intensity(intensity), seed=seed, arrival=arrival, rate_per_h=rate, path=str(path)
+    )
 
 
 def mix_summary(frame: Any, **fields: Any) -> dict[str, Any]:

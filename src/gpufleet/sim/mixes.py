@@ -111,8 +111,7 @@ def _weights(intensity: str, rngs: list[np.random.Generator]) -> tuple[np.ndarra
 def mix_weights(intensity: str = "heavy", seed: int = 0) -> tuple[dict[str, float], dict[int, float]]:
     """The per-trace weights ``generate_mix`` draws from: ({model: weight}, {gpus: weight}), each summing to 1."""
     models, demands = _weights(intensity, _streams(seed))
-    return (dict(zip(MIX_MODELS, models.tolist(), strict=True)),
-            dict(zip(DEMANDS, demands.tolist(), strict=True)))
+    return (dict(zip(MIX_MODELS, models.tolist(), strict=True)), dict(zip(DEMANDS, demands.tolist(), strict=True)))
 
 
 def _check_gpus_per_node(gpus_per_node: int) -> int:
@@ -130,8 +129,9 @@ def _durations(model: ContentionModel | None, gpus_per_node: int) -> np.ndarray:
     return np.array([[model.duration_s(name, g, gpus_per_node) for g in DEMANDS] for name in MIX_MODELS])
 
 
-def mean_gpu_hours(intensity: str = "heavy", seed: int = 0, gpus_per_node: int = 8,
-                   model: ContentionModel | None = None) -> float:
+def mean_gpu_hours(
+    intensity: str = "heavy", seed: int = 0, gpus_per_node: int = 8, model: ContentionModel | None = None
+) -> float:
     """Expected GPU-hours of one job of the trace ``(intensity, seed)``: sum of w_m x w_g x g x duration.
 
     Model and demand are drawn independently, so this is the exact mean of the distribution the trace's
@@ -146,9 +146,14 @@ def _gpu_hours(model_w: np.ndarray, demand_w: np.ndarray, table: np.ndarray) -> 
     return float(model_w @ (table * np.array(DEMANDS)) @ demand_w) / _HOUR
 
 
-def default_rate_per_h(intensity: str = "heavy", seed: int = 0, gpus_per_node: int = 8,
-                       model: ContentionModel | None = None, cluster_gpus: int = DEFAULT_CLUSTER_GPUS,
-                       load: float = 1.0) -> float:
+def default_rate_per_h(
+    intensity: str = "heavy",
+    seed: int = 0,
+    gpus_per_node: int = 8,
+    model: ContentionModel | None = None,
+    cluster_gpus: int = DEFAULT_CLUSTER_GPUS,
+    load: float = 1.0,
+) -> float:
     """Poisson rate (jobs/h) that offers ``load`` of ``cluster_gpus`` GPUs: load x GPUs / mean GPU-hours per job.
 
     By Little's law the GPUs the jobs ask for, averaged over time, are rate x E[gpus x duration]; the
@@ -201,15 +206,20 @@ def generate_mix(
     mi = _choose(rngs[2], model_w, n)
     gi = _choose(rngs[3], demand_w, n)
     if arrival == "poisson":
-        rate = (float(rate_per_h) if rate_per_h is not None
-                else DEFAULT_CLUSTER_GPUS / _gpu_hours(model_w, demand_w, table))
+        rate = (
+            float(rate_per_h) if rate_per_h is not None else DEFAULT_CLUSTER_GPUS / _gpu_hours(model_w, demand_w, table)
+        )
         submit = np.cumsum(rngs[4].exponential(_HOUR / rate, n))
     else:
         submit = np.zeros(n)
     models = pl.Series(np.array(MIX_MODELS, dtype=object)[mi].tolist(), dtype=pl.String)
-    return jobs_from_arrays(submit.astype(np.float64), table[mi, gi].astype(np.float64),
-                            np.array(DEMANDS, dtype=np.int32)[gi], prefix="ds", extra={"model": models})
-
+    return jobs_from_arrays(
+        submit.astype(np.float64),
+        table[mi, gi].astype(np.float64),
+        np.array(DEMANDS, dtype=np.int32)[gi],
+        prefix="ds",
+        extra={"model": models},
+    )
 
 
 def _positive(value: object) -> bool:

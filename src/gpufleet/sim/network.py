@@ -41,23 +41,31 @@ class JobComm:
         cols = set(jobs.columns)
         if "comm_profile" in cols:
             prof = jobs["comm_profile"].to_list()
-            scale = (jobs["comm_scale"].fill_null(1.0).cast(float).to_numpy() if "comm_scale" in cols
-                     else np.ones(n))
+            scale = jobs["comm_scale"].fill_null(1.0).cast(float).to_numpy() if "comm_scale" in cols else np.ones(n)
         elif "model" in cols:
             prof = jobs["model"].to_list()
             scale = np.ones(n)
         else:
-            raise ConfigError("--network needs each job's communication profile: a 'model' column (DeepShare "
-                              "workload or a model name, see `--columns model=...`) or 'comm_profile'")
+            raise ConfigError(
+                "--network needs each job's communication profile: a 'model' column (DeepShare "
+                "workload or a model name, see `--columns model=...`) or 'comm_profile'"
+            )
         return cls(list(prof), np.asarray(scale, dtype=np.float64))
 
 
 class NetworkState:
     """Link loads of the running multi-node jobs and each job's current contention ratio."""
 
-    def __init__(self, parts: Sequence[Partition], pools: Sequence[Any], oversubscription: float,
-                 comm: JobComm, gpus: Sequence[int], model: ContentionModel | None = None,
-                 placement_penalty: float = 0.2) -> None:
+    def __init__(
+        self,
+        parts: Sequence[Partition],
+        pools: Sequence[Any],
+        oversubscription: float,
+        comm: JobComm,
+        gpus: Sequence[int],
+        model: ContentionModel | None = None,
+        placement_penalty: float = 0.2,
+    ) -> None:
         self.model = model or ContentionModel.default()
         self.comm = comm
         self.gpus = list(gpus)
@@ -65,8 +73,10 @@ class NetworkState:
         known = set(self.model.models)
         bad = sorted({p for p in comm.profile if p is not None and p not in known})
         if bad:
-            raise ConfigError(f"unknown communication profile(s) {', '.join(bad[:5])}; known: {', '.join(known)} "
-                              "(map model names with gpufleet.perf.comm_profiles.assign_profiles)")
+            raise ConfigError(
+                f"unknown communication profile(s) {', '.join(bad[:5])}; known: {', '.join(known)} "
+                "(map model names with gpufleet.perf.comm_profiles.assign_profiles)"
+            )
         # link numbering: per partition, its nodes' NIC links, then its racks' uplinks
         self._nic_base: list[int] = []
         self._rack_base: list[int] = []
@@ -117,8 +127,11 @@ class NetworkState:
             rel = m.relative_speed(prof, g, nodes, gpn)
             # the spread's extra time is network time measured at 40 Gb/s: it shrinks on a faster NIC
             beta = m.reference_gbps / gbps
-            got = (m.sensitivity(prof, g, nodes, gbps), m.intensity(prof, g, nodes, gbps),
-                   1.0 / (1.0 + (1.0 / rel - 1.0) * beta) if rel > 0 else 0.0)
+            got = (
+                m.sensitivity(prof, g, nodes, gbps),
+                m.intensity(prof, g, nodes, gbps),
+                1.0 / (1.0 + (1.0 / rel - 1.0) * beta) if rel > 0 else 0.0,
+            )
             self._cache[key] = got
         sc = float(self.comm.scale[j])
         return got[0] * sc, got[1] * sc, got[2]
@@ -239,8 +252,7 @@ class NetworkState:
         if not links:
             return speed, 1.0, 0.0
         load, cap, on, up = self.load, self.cap, self.on_link, self.uplink
-        term = max(max(0.0, (load[link] + inten - cap[link]) if up[link] else load[link]) / cap[link]
-                   for link in links)
+        term = max(max(0.0, (load[link] + inten - cap[link]) if up[link] else load[link]) / cap[link] for link in links)
         own = 1.0 / (1.0 + s * term)
         harm = 0.0
         mine = set(links)
@@ -292,11 +304,22 @@ def network_for_run(cluster: Any, parts: Sequence[Partition], jobs: Any, config:
     return network_for(cluster, parts, jobs, placement_penalty=config.placement_penalty)
 
 
-def network_for(cluster: Any, parts: Sequence[Partition], jobs: Any, model: ContentionModel | None = None,
-                placement_penalty: float = 0.2) -> NetworkState:
+def network_for(
+    cluster: Any,
+    parts: Sequence[Partition],
+    jobs: Any,
+    model: ContentionModel | None = None,
+    placement_penalty: float = 0.2,
+) -> NetworkState:
     """A :class:`NetworkState` for the training pools of ``cluster`` and the jobs of frame ``jobs``."""
     pools = {pool.name: pool for pool in cluster.pools}
     sorted_jobs = jobs.sort("submit_s", maintain_order=True)
-    return NetworkState(parts, [pools[p.name] for p in parts], cluster.network.oversubscription,
-                        JobComm.from_frame(sorted_jobs), sorted_jobs["num_gpus"].cast(int).to_list(), model,
-                        placement_penalty)
+    return NetworkState(
+        parts,
+        [pools[p.name] for p in parts],
+        cluster.network.oversubscription,
+        JobComm.from_frame(sorted_jobs),
+        sorted_jobs["num_gpus"].cast(int).to_list(),
+        model,
+        placement_penalty,
+    )

@@ -44,8 +44,16 @@ class _Abort(Exception):
     """Raised inside the simulator thread to end an episode early."""
 
 
-def make_env(cluster: Any, sampler: EpisodeSampler, *, reward: str = "jct", w1: float = 0.5, w2: float = 0.5,
-             seed: int = 0, order: str = "srtf") -> Any:
+def make_env(
+    cluster: Any,
+    sampler: EpisodeSampler,
+    *,
+    reward: str = "jct",
+    w1: float = 0.5,
+    w2: float = 0.5,
+    seed: int = 0,
+    order: str = "srtf",
+) -> Any:
     """A :class:`ContentionEnv` (built lazily so that gymnasium is imported only when asked for).
 
     ``cluster`` is one cluster spec or a list of them: each episode then runs on one drawn at random (a policy
@@ -163,8 +171,10 @@ def make_env(cluster: Any, sampler: EpisodeSampler, *, reward: str = "jct", w1: 
                 obs, _, done, info = self._next()
                 if not done:  # an episode without a single decision teaches nothing: draw another
                     return obs, info
-            raise ConfigError("100 episodes in a row needed no placement decision: do the jobs fit the cluster, "
-                              "and does each episode have jobs?")
+            raise ConfigError(
+                "100 episodes in a row needed no placement decision: do the jobs fit the cluster, "
+                "and does each episode have jobs?"
+            )
 
         def step(self, action: int):
             self._to_sim.put(int(action))

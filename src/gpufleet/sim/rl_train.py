@@ -29,8 +29,15 @@ TRAIN_SEED_BASE = 1_000_000
 TRAIN_MIXES = ("heavy", "random", "medium", "light")
 #: PPO settings (small MLP, as the paper's; a shorter rollout than SB3's default suits short episodes). Undiscounted:
 #: the JCT reward's return is minus the average JCT only with gamma = 1 (see gpufleet.sim.rl_env).
-PPO_SETTINGS: dict[str, Any] = {"n_steps": 1024, "batch_size": 128, "n_epochs": 5, "learning_rate": 3e-4,
-                                "gamma": 1.0, "gae_lambda": 0.95, "ent_coef": 0.01}
+PPO_SETTINGS: dict[str, Any] = {
+    "n_steps": 1024,
+    "batch_size": 128,
+    "n_epochs": 5,
+    "learning_rate": 3e-4,
+    "gamma": 1.0,
+    "gae_lambda": 0.95,
+    "ent_coef": 0.01,
+}
 
 
 @dataclass(frozen=True)
@@ -76,10 +83,19 @@ def _checkpoints(folder: Path) -> list[tuple[int, Path]]:
     return sorted(out)
 
 
-def train_rl(cluster: Any, out: str | Path, *, steps: int = 100_000, seed: int = 0,
-             sampler: Callable[[np.random.Generator], pl.DataFrame] | None = None, reward: str = "jct",
-             order: str = "srtf", checkpoint_every: int = 10_000, resume: bool = True,
-             progress: bool = True) -> dict[str, Any]:
+def train_rl(
+    cluster: Any,
+    out: str | Path,
+    *,
+    steps: int = 100_000,
+    seed: int = 0,
+    sampler: Callable[[np.random.Generator], pl.DataFrame] | None = None,
+    reward: str = "jct",
+    order: str = "srtf",
+    checkpoint_every: int = 10_000,
+    resume: bool = True,
+    progress: bool = True,
+) -> dict[str, Any]:
     """Train PPO on ``cluster`` (one spec or a list, one drawn per episode) for ``steps`` decisions and save the
     model to ``out`` (a .zip).
 
@@ -111,8 +127,9 @@ def train_rl(cluster: Any, out: str | Path, *, steps: int = 100_000, seed: int =
     # masked PPO: infeasible candidates are never sampled, so no action becomes a stand-in for another
     # (with plain PPO an always-infeasible slot on 4 nodes was learned as "ask the heuristic", and on 64
     # nodes, where it fits, it spread jobs over 8 nodes)
-    model = MaskablePPO("MlpPolicy", env, seed=seed, device="cpu", verbose=0,
-                        policy_kwargs={"net_arch": [64, 64]}, **PPO_SETTINGS)
+    model = MaskablePPO(
+        "MlpPolicy", env, seed=seed, device="cpu", verbose=0, policy_kwargs={"net_arch": [64, 64]}, **PPO_SETTINGS
+    )
     if found:
         # a checkpoint's weights and optimizer state only (torch.load with weights_only): MaskablePPO.load would
         # also unpickle the zip's other entries, which can run code; the settings above are the same anyway
@@ -135,10 +152,16 @@ def train_rl(cluster: Any, out: str | Path, *, steps: int = 100_000, seed: int =
                 from rich.console import Console
                 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-                self._bar = Progress(TextColumn("[bold]train-rl[/]"), BarColumn(),
-                                     TextColumn("{task.completed:,}/{task.total:,} steps"),
-                                     TextColumn("return {task.fields[ret]}"), TimeElapsedColumn(),
-                                     TimeRemainingColumn(), console=Console(stderr=True), transient=True)
+                self._bar = Progress(
+                    TextColumn("[bold]train-rl[/]"),
+                    BarColumn(),
+                    TextColumn("{task.completed:,}/{task.total:,} steps"),
+                    TextColumn("return {task.fields[ret]}"),
+                    TimeElapsedColumn(),
+                    TimeRemainingColumn(),
+                    console=Console(stderr=True),
+                    transient=True,
+                )
                 self._task = self._bar.add_task("rl", total=steps, completed=done_steps, ret="-")
                 self._bar.start()
 
@@ -164,8 +187,7 @@ def train_rl(cluster: Any, out: str | Path, *, steps: int = 100_000, seed: int =
     callback = Progress()
     try:
         if left > 0:
-            model.learn(total_timesteps=left, callback=callback, reset_num_timesteps=not found,
-                        progress_bar=False)
+            model.learn(total_timesteps=left, callback=callback, reset_num_timesteps=not found, progress_bar=False)
     finally:
         if callback._bar is not None:
             callback._bar.stop()
@@ -174,14 +196,30 @@ def train_rl(cluster: Any, out: str | Path, *, steps: int = 100_000, seed: int =
     out.parent.mkdir(parents=True, exist_ok=True)
     model.save(str(out))
     recent = returns[-20:]
-    return {"model": str(out), "steps": int(model.num_timesteps), "resumed_from": done_steps,
-            "episodes": len(returns), "train_s": wall, "seed": seed, "reward": reward, "order": order,
-            "mean_return_last20": float(np.mean(recent)) if recent else math.nan}
+    return {
+        "model": str(out),
+        "steps": int(model.num_timesteps),
+        "resumed_from": done_steps,
+        "episodes": len(returns),
+        "train_s": wall,
+        "seed": seed,
+        "reward": reward,
+        "order": order,
+        "mean_return_last20": float(np.mean(recent)) if recent else math.nan,
+    }
 
 
-def eval_policies(cluster: Any, policies: Sequence[str], *, mix: str = "heavy", seeds: Sequence[int] = range(5),
-                  jobs: int = 256, arrival: str = "batch", policy_opts: dict[str, dict[str, Any]] | None = None,
-                  gpus_per_node: int = 8) -> pl.DataFrame:
+def eval_policies(
+    cluster: Any,
+    policies: Sequence[str],
+    *,
+    mix: str = "heavy",
+    seeds: Sequence[int] = range(5),
+    jobs: int = 256,
+    arrival: str = "batch",
+    policy_opts: dict[str, dict[str, Any]] | None = None,
+    gpus_per_node: int = 8,
+) -> pl.DataFrame:
     """Each policy on the same unseen mixes (seeds below :data:`TRAIN_SEED_BASE`): one row per policy and seed.
 
     A run that leaves jobs unfinished is an error: its JCT figures would cover only the jobs that finished, and a
@@ -197,25 +235,37 @@ def eval_policies(cluster: Any, policies: Sequence[str], *, mix: str = "heavy", 
     for seed in seeds:
         frame = generate_mix(mix, jobs=jobs, seed=int(seed), arrival=arrival, gpus_per_node=gpus_per_node)
         for name in policies:
-            r = run_one(RunSpec(name, frame, cluster, SimConfig(network=True),
-                                dict((policy_opts or {}).get(name, {}))))
+            r = run_one(RunSpec(name, frame, cluster, SimConfig(network=True), dict((policy_opts or {}).get(name, {}))))
             s = r.summary
             if s["finished"] < s["jobs"]:
-                raise ConfigError(f"policy {name} finished only {s['finished']} of {s['jobs']} jobs on mix seed "
-                                  f"{seed}: it stalled the cluster, so its JCT would cover only the finished jobs")
-            rows.append({"policy": name, "seed": int(seed), "avg_jct_s": s["avg_jct_s"], "p99_jct_s": s["p99_jct_s"],
-                         "makespan_s": s["makespan_s"], "gpu_util": s["gpu_util"],
-                         "contention_gpu_h": s.get("contention_gpu_h", 0.0),
-                         "multi_node_share": s.get("multi_node_share", 0.0),
-                         "wall_s": s["wall_s"]})
+                raise ConfigError(
+                    f"policy {name} finished only {s['finished']} of {s['jobs']} jobs on mix seed "
+                    f"{seed}: it stalled the cluster, so its JCT would cover only the finished jobs"
+                )
+            rows.append(
+                {
+                    "policy": name,
+                    "seed": int(seed),
+                    "avg_jct_s": s["avg_jct_s"],
+                    "p99_jct_s": s["p99_jct_s"],
+                    "makespan_s": s["makespan_s"],
+                    "gpu_util": s["gpu_util"],
+                    "contention_gpu_h": s.get("contention_gpu_h", 0.0),
+                    "multi_node_share": s.get("multi_node_share", 0.0),
+                    "wall_s": s["wall_s"],
+                }
+            )
     return pl.DataFrame(rows)
 
 
 def summarize_eval(frame: pl.DataFrame) -> pl.DataFrame:
     """Per policy: means over seeds."""
-    return (frame.group_by("policy", maintain_order=True)
-            .agg(pl.col("avg_jct_s", "p99_jct_s", "makespan_s", "gpu_util", "contention_gpu_h",
-                        "multi_node_share", "wall_s").mean(), pl.len().alias("seeds")))
+    return frame.group_by("policy", maintain_order=True).agg(
+        pl.col(
+            "avg_jct_s", "p99_jct_s", "makespan_s", "gpu_util", "contention_gpu_h", "multi_node_share", "wall_s"
+        ).mean(),
+        pl.len().alias("seeds"),
+    )
 
 
 #: The heuristic baselines ``rl`` is judged against: the best of them by average JCT.

@@ -41,10 +41,18 @@ def run_one(spec: RunSpec) -> SimResult:
         from gpufleet.sim.elastic import ElasticSimulator
 
         if spec.config.network:
-            raise ConfigError(f"policy '{spec.policy}' runs on the elastic simulator, which has no network model; "
-                              "drop --network or choose a gang policy")
-        return ElasticSimulator(spec.jobs, spec.cluster, policy, spec.config,  # type: ignore[arg-type]
-                                spec.elastic, spec.inference).run()
+            raise ConfigError(
+                f"policy '{spec.policy}' runs on the elastic simulator, which has no network model; "
+                "drop --network or choose a gang policy"
+            )
+        return ElasticSimulator(
+            spec.jobs,
+            spec.cluster,
+            policy,
+            spec.config,  # type: ignore[arg-type]
+            spec.elastic,
+            spec.inference,
+        ).run()
     parts = partitions_for(spec.cluster)
     network = network_for_run(spec.cluster, parts, spec.jobs, spec.config)
     sim = Simulator(Workload.from_frame(spec.jobs), parts, policy, spec.config, network=network)
@@ -55,9 +63,14 @@ def run_one(spec: RunSpec) -> SimResult:
         t = result.timeline["time_s"].to_numpy()
         submit = result.jobs["submit_s"].to_numpy()
         if len(t) and len(submit):
-            result.summary["usage"] = usage_over_window(t, result.timeline["busy_gpus"].to_numpy(), spec.inference,
-                                                        PoolGPUs.of(spec.cluster), float(submit.min()),
-                                                        float(submit.max()))
+            result.summary["usage"] = usage_over_window(
+                t,
+                result.timeline["busy_gpus"].to_numpy(),
+                spec.inference,
+                PoolGPUs.of(spec.cluster),
+                float(submit.min()),
+                float(submit.max()),
+            )
     return result
 
 
@@ -71,8 +84,10 @@ def _qualify(items: Sequence[str], policies: Sequence[str], known: Mapping[str, 
             continue
         owners = [p for p in policies if p in known and name in known[p].options]
         if not owners:
-            raise ConfigError(f"--opt '{item}': none of the chosen policies ({', '.join(policies)}) has an option "
-                              f"'{name}'; use POLICY.OPTION=VALUE")
+            raise ConfigError(
+                f"--opt '{item}': none of the chosen policies ({', '.join(policies)}) has an option "
+                f"'{name}'; use POLICY.OPTION=VALUE"
+            )
         out.extend(f"{owner}.{item}" for owner in owners)
     return out
 
@@ -128,8 +143,9 @@ def run_policies(
     if ray_address is None and (workers is None or workers <= 1 or len(policies) == 1):
         results = []
         for name in policies:
-            results.append(run_one(RunSpec(name, jobs, cluster, config, dict(policy_opts.get(name, {})),
-                                           inference, elastic)))
+            results.append(
+                run_one(RunSpec(name, jobs, cluster, config, dict(policy_opts.get(name, {})), inference, elastic))
+            )
             if on_done:
                 on_done(results[-1])
         return results

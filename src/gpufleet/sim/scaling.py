@@ -60,4 +60,3 @@ class PerfCurve:
             return t * min(workers, 1.0) if workers < 1 else t
         hi = self._speed.throughput((lo + 1) * self.g, lo + 1) / self._one
         return t + (hi - t) * (workers - lo)
-

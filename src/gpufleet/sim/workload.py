@@ -32,9 +32,7 @@ class Workload:
         """Build from a canonical job frame (see ``gpufleet.traces.schema``), sorted by submit time."""
         missing = [c for c in REQUIRED if c not in jobs.columns]
         if missing:
-            raise TraceError(
-                f"job frame lacks column(s) {', '.join(missing)}; it has {', '.join(jobs.columns)}"
-            )
+            raise TraceError(f"job frame lacks column(s) {', '.join(missing)}; it has {', '.join(jobs.columns)}")
         jobs = jobs.sort("submit_s", maintain_order=True)
         n = jobs.height
         none: list[str | None] = [None] * n

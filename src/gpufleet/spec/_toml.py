@@ -23,9 +23,7 @@ def read_toml(path: str | Path, what: str = "file") -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise SpecError(
-            f"{path}: {what} not found; check the path (relative paths start at {Path.cwd()})"
-        ) from None
+        raise SpecError(f"{path}: {what} not found; check the path (relative paths start at {Path.cwd()})") from None
     except IsADirectoryError:
         raise SpecError(f"{path}: is a directory, not a {what}; pass the path of a .toml file") from None
     except UnicodeDecodeError as exc:

@@ -81,9 +81,7 @@ def describe(error: dict[str, Any], root: type[BaseModel], prefix: tuple[int | s
     if kind in ("int_type", "int_parsing", "int_from_float"):
         return f"{where}: expected a whole number, got {_show(got)}; write it as e.g. `{loc[-1]} = 8`"
     if kind in ("float_type", "float_parsing"):
-        return (
-            f"{where}: expected a number, got {_show(got)}; write it without quotes, e.g. `{loc[-1]} = 2.0`"
-        )
+        return f"{where}: expected a number, got {_show(got)}; write it without quotes, e.g. `{loc[-1]} = 2.0`"
     if kind == "string_type":
         return f"{where}: expected a string, got {_show(got)}; put the value in double quotes"
     if kind == "greater_than":

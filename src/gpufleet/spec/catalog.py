@@ -82,9 +82,7 @@ def read_catalog(
     what = what or ("GPU" if model is GPUSpec else "NIC")
     extra = sorted(set(data) - {table})
     if extra:
-        raise SpecError(
-            f"{source}: unknown top-level key {extra[0]!r}; a catalog holds only [[{table}]] tables"
-        )
+        raise SpecError(f"{source}: unknown top-level key {extra[0]!r}; a catalog holds only [[{table}]] tables")
     entries = data.get(table)
     if not isinstance(entries, list) or not entries:
         raise SpecError(f"{source}: no [[{table}]] entries; add at least one [[{table}]] table")

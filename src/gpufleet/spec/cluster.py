@@ -162,14 +162,10 @@ class ClusterSpec(BaseModel):
         a pool must keep its minimum of one node. Inference pools and the network are unchanged.
         """
         if isinstance(training_gpus, bool) or not isinstance(training_gpus, int) or training_gpus <= 0:
-            raise SpecError(
-                f"resized: training GPU count must be a positive whole number, got {training_gpus!r}"
-            )
+            raise SpecError(f"resized: training GPU count must be a positive whole number, got {training_gpus!r}")
         training = [i for i, p in enumerate(self.pools) if p.kind == "training"]
         if not training:
-            raise SpecError(
-                f'cluster {self.name!r} has no training pool to resize; add a pool with kind = "training"'
-            )
+            raise SpecError(f'cluster {self.name!r} has no training pool to resize; add a pool with kind = "training"')
         factor = Fraction(training_gpus, self.total_gpus("training"))
         ideal = {i: self.pools[i].nodes * factor for i in training}
         nodes = {i: max(1, math.floor(ideal[i])) for i in training}
@@ -183,9 +179,7 @@ class ClusterSpec(BaseModel):
             if total() >= training_gpus:
                 break
             nodes[i] += 1
-        pools = tuple(
-            p.model_copy(update={"nodes": nodes[i]}) if i in nodes else p for i, p in enumerate(self.pools)
-        )
+        pools = tuple(p.model_copy(update={"nodes": nodes[i]}) if i in nodes else p for i, p in enumerate(self.pools))
         return self.model_copy(update={"pools": pools})
 
     @classmethod
@@ -200,9 +194,7 @@ class ClusterSpec(BaseModel):
         nic = nic_catalog().resolve(nic)
         nodes = math.ceil(gpus / gpus_per_node)
         try:
-            pool = Pool(
-                name="train", kind="training", gpu=gpu, gpus_per_node=gpus_per_node, nodes=nodes, nic=nic
-            )
+            pool = Pool(name="train", kind="training", gpu=gpu, gpus_per_node=gpus_per_node, nodes=nodes, nic=nic)
             return cls(name=name, pools=(pool,))
         except ValidationError as exc:
             raise SpecError(f"single_pool: {exc.errors(include_url=False)[0]['msg']}") from None

@@ -53,7 +53,8 @@ def load_cluster(path: str | Path | None = None) -> ClusterSpec:
     if not path.exists() and not path.suffix:  # a bare name: one of the shipped clusters
         bundled = _clusters_dir() / f"{path.name}.toml"
         if not bundled.is_file():
-            raise SpecError(f"cluster '{path}' is neither a file nor a shipped cluster "
-                            f"({', '.join(bundled_clusters())})")
+            raise SpecError(
+                f"cluster '{path}' is neither a file nor a shipped cluster ({', '.join(bundled_clusters())})"
+            )
         path = bundled
     return cluster_from_dict(read_toml(path, what="cluster file"), source=str(path))

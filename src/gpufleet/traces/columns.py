@@ -111,8 +111,7 @@ def resolve_columns(
             canonical = canonical_key(key)
             if canonical is None:
                 raise TraceError(
-                    f"{path}: unknown column key '{key}' in the column mapping; accepted keys: "
-                    f"{_accepted_keys()}"
+                    f"{path}: unknown column key '{key}' in the column mapping; accepted keys: {_accepted_keys()}"
                 )
             explicit[canonical] = column
             if source is mapping:

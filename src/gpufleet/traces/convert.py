@@ -63,9 +63,7 @@ def write_trace(
             f"{path}: cannot write a trace without canonical columns {exc.args[0]}; load it with load_trace"
         ) from None
     except pl.exceptions.PolarsError as exc:
-        raise TraceError(
-            f"{path}: columns do not have canonical types ({exc}); load it with load_trace"
-        ) from None
+        raise TraceError(f"{path}: columns do not have canonical types ({exc}); load it with load_trace") from None
     path.parent.mkdir(parents=True, exist_ok=True)
     if fmt == "csv":
         frame.select(CANONICAL_COLUMNS).write_csv(path)
@@ -84,8 +82,6 @@ def write_trace(
             f"{path}: the jobs frame is not a valid trace ({exc}); required columns "
             "job_id, submit_s, duration_s, num_gpus, kind must have no nulls. Load it with load_trace"
         ) from None
-    table = table.replace_schema_metadata(
-        {ORIGIN_KEY: origin_to_metadata(origin), SCHEMA_VERSION_KEY: SCHEMA_VERSION}
-    )
+    table = table.replace_schema_metadata({ORIGIN_KEY: origin_to_metadata(origin), SCHEMA_VERSION_KEY: SCHEMA_VERSION})
     pq.write_table(table, path, compression="zstd")
     return path

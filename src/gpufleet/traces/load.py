@@ -86,21 +86,14 @@ def _filter_vc(frame: pl.DataFrame, vc: str, source: str) -> pl.DataFrame:
     keep = frame.filter(pl.col("vc") == vc)
     if keep.height:
         return keep
-    counts = (
-        frame.filter(pl.col("vc").is_not_null())
-        .group_by("vc")
-        .len()
-        .sort(["len", "vc"], descending=[True, False])
-    )
+    counts = frame.filter(pl.col("vc").is_not_null()).group_by("vc").len().sort(["len", "vc"], descending=[True, False])
     if counts.height == 0:
         raise TraceError(
             f"{source}: cannot select vc '{vc}': the trace has no vc column values; map a column to vc "
             f"(--columns vc=<column>) or drop --vc"
         )
     listing = ", ".join(f"{v} ({n})" for v, n in zip(counts["vc"], counts["len"], strict=True))
-    raise TraceError(
-        f"{source}: no jobs in vc '{vc}'; the trace's vcs (jobs) are: {listing}. Pick one of these"
-    )
+    raise TraceError(f"{source}: no jobs in vc '{vc}'; the trace's vcs (jobs) are: {listing}. Pick one of these")
 
 
 def load_trace(

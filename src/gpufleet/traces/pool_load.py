@@ -16,8 +16,9 @@ if TYPE_CHECKING:
 __all__ = ["pool_load"]
 
 
-def pool_load(source: str, spec: ClusterSpec, days: float, headroom: float | None = None,
-              step: float | None = None) -> tuple[dict[str, Any], pl.DataFrame]:
+def pool_load(
+    source: str, spec: ClusterSpec, days: float, headroom: float | None = None, step: float | None = None
+) -> tuple[dict[str, Any], pl.DataFrame]:
     """``source``'s load on ``spec``'s inference pools over ``days``: (summary, steps with time_s,
     servers_needed and idle_servers). ``headroom`` and ``step`` (seconds) pass to the load when given."""
     from gpufleet.traces import load_inference
@@ -26,8 +27,10 @@ def pool_load(source: str, spec: ClusterSpec, days: float, headroom: float | Non
         raise ConfigError("--days must be a positive number")
     pools = spec.inference_pools
     if not pools:
-        raise SpecError(f"cluster {spec.name!r} has no inference pool; add a [[pools]] table with "
-                        'kind = "inference" or pass --cluster with one')
+        raise SpecError(
+            f"cluster {spec.name!r} has no inference pool; add a [[pools]] table with "
+            'kind = "inference" or pass --cluster with one'
+        )
     pool_servers = sum(p.nodes for p in pools)
     until_s = days * 86400.0
     opts = {k: v for k, v in (("headroom", headroom), ("step_s", step)) if v is not None}

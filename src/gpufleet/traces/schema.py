@@ -59,8 +59,16 @@ def empty_jobs() -> pl.DataFrame:
     return pl.DataFrame(schema=POLARS_SCHEMA)
 
 
-def jobs_from_arrays(submit: Any, duration: Any, num_gpus: Any, *, prefix: str, vc: str | None = None,
-                     kind: str = DEFAULT_KIND, extra: dict[str, pl.Series] | None = None) -> pl.DataFrame:
+def jobs_from_arrays(
+    submit: Any,
+    duration: Any,
+    num_gpus: Any,
+    *,
+    prefix: str,
+    vc: str | None = None,
+    kind: str = DEFAULT_KIND,
+    extra: dict[str, pl.Series] | None = None,
+) -> pl.DataFrame:
     """A canonical frame of generated jobs: ids ``<prefix>-000..``, no GPU type or user, one ``vc`` and ``kind``
     for all, and ``extra`` columns after the canonical ones."""
     frame = pl.DataFrame({"submit_s": submit, "duration_s": duration, "num_gpus": num_gpus, **(extra or {})})

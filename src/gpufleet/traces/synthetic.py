@@ -157,13 +157,7 @@ def arrival_profile(
     phase = 0.0
     if origin is not None:
         since_monday = origin.weekday() * 86400.0 if weekly else 0.0
-        phase = (
-            since_monday
-            + origin.hour * _HOUR
-            + origin.minute * 60.0
-            + origin.second
-            + origin.microsecond / 1e6
-        )
+        phase = since_monday + origin.hour * _HOUR + origin.minute * 60.0 + origin.second + origin.microsecond / 1e6
     t = submit + phase
     counts = np.bincount(((t % period) // _HOUR).astype(np.int64) % slots, minlength=slots).astype(float)
     # Exposure: hours of each slot between the first and last submit (partial hours counted).
@@ -183,9 +177,7 @@ def _philly_profile(weekly: bool) -> tuple[np.ndarray, float]:
     return arrival_profile(load_trace("philly"), weekly=weekly)
 
 
-def _fitted_arrivals(
-    rng: np.random.Generator, n: int, profile: np.ndarray, rate_per_hour: float
-) -> np.ndarray:
+def _fitted_arrivals(rng: np.random.Generator, n: int, profile: np.ndarray, rate_per_hour: float) -> np.ndarray:
     """Non-homogeneous Poisson arrivals with a periodic, hourly piecewise-constant rate.
 
     Time rescaling: unit-rate Poisson points on the cumulative-intensity axis, mapped back through the
@@ -293,8 +285,9 @@ def generate_jobs(
         duration = pareto_scale_s * rng.pareto(pareto_shape, n_jobs)
     duration = np.clip(duration, min_duration_s, max_duration_s)
 
-    return jobs_from_arrays(submit.astype(np.float64), duration, num_gpus.astype(np.int32), prefix=job_id_prefix,
-                            vc=vc, kind=kind)
+    return jobs_from_arrays(
+        submit.astype(np.float64), duration, num_gpus.astype(np.int32), prefix=job_id_prefix, vc=vc, kind=kind
+    )
 
 
 def _philly_trace() -> TraceLoad:

@@ -38,7 +38,7 @@ def top_k_per_round(times: np.ndarray, scores: np.ndarray, budget: float) -> np.
     ends = np.r_[starts[1:], len(order)]
     for s, e in zip(starts, ends, strict=True):
         k = max(1, round(budget * (e - s)))
-        top = order[s:min(e, s + k)]
+        top = order[s : min(e, s + k)]
         alerted[top[np.isfinite(scores[top])]] = True
     return alerted
 
@@ -59,8 +59,13 @@ class ParallelEnsemble:
 
     name = "parallel"
 
-    def __init__(self, members: Sequence[str | FailureModel] = ("gbdt", "mlp", "cnn1d"),
-                 budget: float = DEFAULT_BUDGET, member_factor: float = 1.0, seed: int = 0) -> None:
+    def __init__(
+        self,
+        members: Sequence[str | FailureModel] = ("gbdt", "mlp", "cnn1d"),
+        budget: float = DEFAULT_BUDGET,
+        member_factor: float = 1.0,
+        seed: int = 0,
+    ) -> None:
         self.members = [make_model(m, seed=seed) if isinstance(m, str) else m for m in members]
         if len(self.members) < 2:
             raise ValueError("a parallel ensemble needs at least two members")
@@ -95,9 +100,16 @@ class CascadeEnsemble:
 
     name = "cascade"
 
-    def __init__(self, filter: str | FailureModel = "cnn1d", classifier: str | FailureModel = "mlp",
-                 keep: float = 0.03, target_precision: float | None = 0.5, holdout: float = 0.2,
-                 negative_rate: float = 1.0, seed: int = 0) -> None:
+    def __init__(
+        self,
+        filter: str | FailureModel = "cnn1d",
+        classifier: str | FailureModel = "mlp",
+        keep: float = 0.03,
+        target_precision: float | None = 0.5,
+        holdout: float = 0.2,
+        negative_rate: float = 1.0,
+        seed: int = 0,
+    ) -> None:
         self.filter = make_model(filter, seed=seed) if isinstance(filter, str) else filter
         self.classifier = make_model(classifier, seed=seed) if isinstance(classifier, str) else classifier
         if not 0 < keep < 1:
@@ -145,8 +157,9 @@ class CascadeEnsemble:
             return self
         self.classifier.fit(chosen.take(np.flatnonzero(old)))
         held = chosen.take(np.flatnonzero(new))
-        self.threshold = operating_point(self.classifier.score(held), held.y, self.target_precision,
-                                         negative_weight=1.0 / self.negative_rate)
+        self.threshold = operating_point(
+            self.classifier.score(held), held.y, self.target_precision, negative_weight=1.0 / self.negative_rate
+        )
         return self
 
     def score(self, samples: Samples) -> np.ndarray:

@@ -14,14 +14,31 @@ class GBDTModel:
 
     name = "gbdt"
 
-    def __init__(self, n_estimators: int = 200, learning_rate: float = 0.05, num_leaves: int = 15,
-                 min_child_samples: int = 40, subsample: float = 0.8, colsample: float = 0.5,
-                 max_pos_weight: float = 20.0, threads: int = 1, seed: int = 0) -> None:
+    def __init__(
+        self,
+        n_estimators: int = 200,
+        learning_rate: float = 0.05,
+        num_leaves: int = 15,
+        min_child_samples: int = 40,
+        subsample: float = 0.8,
+        colsample: float = 0.5,
+        max_pos_weight: float = 20.0,
+        threads: int = 1,
+        seed: int = 0,
+    ) -> None:
         self.params = {
-            "objective": "binary", "learning_rate": learning_rate, "num_leaves": num_leaves,
-            "min_child_samples": min_child_samples, "bagging_fraction": subsample, "bagging_freq": 1,
-            "feature_fraction": colsample, "num_threads": threads, "seed": seed, "verbose": -1,
-            "deterministic": True, "force_col_wise": True,
+            "objective": "binary",
+            "learning_rate": learning_rate,
+            "num_leaves": num_leaves,
+            "min_child_samples": min_child_samples,
+            "bagging_fraction": subsample,
+            "bagging_freq": 1,
+            "feature_fraction": colsample,
+            "num_threads": threads,
+            "seed": seed,
+            "verbose": -1,
+            "deterministic": True,
+            "force_col_wise": True,
         }
         self.n_estimators = n_estimators
         self.max_pos_weight = max_pos_weight
@@ -37,8 +54,9 @@ class GBDTModel:
             raise ValueError("GBDTModel.fit: the training window holds no failure; widen it")
         # positives are scarce: weight them up, but not to the full ratio, which over-fits a handful of failures
         params = dict(self.params, scale_pos_weight=min((len(samples) - pos) / pos, self.max_pos_weight))
-        data = lgb.Dataset(samples.tabular, label=samples.y, feature_name=_safe_names(samples.feature_names),
-                           free_raw_data=True)
+        data = lgb.Dataset(
+            samples.tabular, label=samples.y, feature_name=_safe_names(samples.feature_names), free_raw_data=True
+        )
         self.booster = lgb.train(params, data, num_boost_round=self.n_estimators)
         return self
 

@@ -92,9 +92,11 @@ class _Encoder:
             return {"$model": name, "state": self.state(v, where)}
         if _PLAIN.get(type(v).__qualname__) is type(v):
             return {"$object": type(v).__qualname__, "state": self.state(v, where)}
-        raise ModelFileError(f"cannot save {where}: a {type(v).__name__} is not plain data (numbers, strings, "
-                             "arrays, lists, dicts, registered models); give its class a __getstate__ that "
-                             "returns plain data")
+        raise ModelFileError(
+            f"cannot save {where}: a {type(v).__name__} is not plain data (numbers, strings, "
+            "arrays, lists, dicts, registered models); give its class a __getstate__ that "
+            "returns plain data"
+        )
 
     def state(self, obj: Any, where: str) -> Any:
         state = obj.__getstate__()
@@ -229,8 +231,10 @@ def load_file(path: str | Path, what: str, check_format: Callable[[str], None]) 
     with open(path, "rb") as f:
         head = f.read(4)
     if head[:1] == _PICKLE_MAGIC:
-        raise ModelFileError(f"{path}: a pickle, not a {what} (older gpufleets wrote pickles); pickles are never "
-                             "read, as opening one can run any code in it: retrain with `gpufleet health train`")
+        raise ModelFileError(
+            f"{path}: a pickle, not a {what} (older gpufleets wrote pickles); pickles are never "
+            "read, as opening one can run any code in it: retrain with `gpufleet health train`"
+        )
     if not zipfile.is_zipfile(path):
         raise ModelFileError(f"{path}: not a {what}; write one with `gpufleet health train`")
     try:
@@ -246,11 +250,10 @@ def load_file(path: str | Path, what: str, check_format: Callable[[str], None]) 
         arrays = load_arrays(raw) if raw else {}
         return _Decoder(arrays, texts).value(manifest.get("content"))
     except ModelFileError as exc:  # raised above without the path
-        raise ModelFileError(f"{path}: not a valid {what} ({exc}); write one with `gpufleet health train`") \
-            from None
+        raise ModelFileError(f"{path}: not a valid {what} ({exc}); write one with `gpufleet health train`") from None
     except HealthError:  # check_format's own message
         raise
     except Exception as exc:  # a damaged member: zip, JSON, safetensors or LightGBM errors
-        raise ModelFileError(f"{path}: not a valid {what} ({why_unreadable(exc)}); write one with "
-                             "`gpufleet health train`") from None
-
+        raise ModelFileError(
+            f"{path}: not a valid {what} ({why_unreadable(exc)}); write one with `gpufleet health train`"
+        ) from None

@@ -120,8 +120,13 @@ def read_telemetry(
 def parse_column_map(spec: str) -> dict[str, str]:
     """Parse the CLI form ``"time=timestamp,gpu=gpu_id,DCGM_FI_DEV_GPU_TEMP=temp_c"`` into a mapping (keys kept as
     written: field names are case-sensitive; see :func:`gpufleet.colmap.parse_column_map`)."""
-    return colmap.parse_column_map(spec, error=HealthError, example="time=timestamp,gpu=gpu_id,host=node_name",
-                                   pairs="canonical=source", lower_keys=False)
+    return colmap.parse_column_map(
+        spec,
+        error=HealthError,
+        example="time=timestamp,gpu=gpu_id,host=node_name",
+        pairs="canonical=source",
+        lower_keys=False,
+    )
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -144,4 +149,3 @@ def __getattr__(name: str) -> Any:
 
         return getattr(importlib.import_module(_MOVED[name]), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-

@@ -23,12 +23,14 @@ class ParquetReader(TelemetryReader):
     @classmethod
     def write_sample(cls, folder: Path) -> Path:
         path = folder / "tiny-telemetry.parquet"
-        pl.DataFrame({
-            "gpu": [0, 1, 0, 1, 0, 1],
-            "time": [1714996800 + 60 * k for k in range(3) for _ in range(2)],
-            "field": ["DCGM_FI_DEV_GPU_TEMP"] * 6,
-            "value": [40.0, 41.0, 40.5, 41.5, 40.0, 42.0],
-        }).write_parquet(path)
+        pl.DataFrame(
+            {
+                "gpu": [0, 1, 0, 1, 0, 1],
+                "time": [1714996800 + 60 * k for k in range(3) for _ in range(2)],
+                "field": ["DCGM_FI_DEV_GPU_TEMP"] * 6,
+                "value": [40.0, 41.0, 40.5, 41.5, 40.0, 42.0],
+            }
+        ).write_parquet(path)
         return path
 
     def read(self, path: Path, columns: Mapping[str, str] | None = None) -> TelemetryRead:

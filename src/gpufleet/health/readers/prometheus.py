@@ -132,9 +132,7 @@ def parse_exposition(text: str, default_time: datetime, name: str) -> tuple[pl.D
     body = pl.col("text").str.strip_chars()
     frame = _split_samples(frame.filter((body != "") & ~body.str.starts_with("#")).with_columns(body.alias("body")))
     bad = frame.filter(~pl.col("ok"))
-    examples = [
-        f"{name} line {n}: {t.strip()[:200]}" for n, t in bad.head(EXAMPLES).select("line", "text").iter_rows()
-    ]
+    examples = [f"{name} line {n}: {t.strip()[:200]}" for n, t in bad.head(EXAMPLES).select("line", "text").iter_rows()]
     samples = frame.filter(pl.col("ok")).with_columns(pl.col("labels").fill_null(""))
     # labels are parsed once per distinct label set, metric names mapped once per distinct name
     label_sets = samples.select(pl.col("labels").unique())

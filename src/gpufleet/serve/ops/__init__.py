@@ -38,8 +38,14 @@ class LoraOps:
 
 
 def _from_module(name: str, module: object) -> LoraOps:
-    return LoraOps(name=name, bgmv_shrink=module.bgmv_shrink, bgmv_expand=module.bgmv_expand,
-                   sgmv_shrink=module.sgmv_shrink, sgmv_expand=module.sgmv_expand, add_lora=module.add_lora)
+    return LoraOps(
+        name=name,
+        bgmv_shrink=module.bgmv_shrink,
+        bgmv_expand=module.bgmv_expand,
+        sgmv_shrink=module.sgmv_shrink,
+        sgmv_expand=module.sgmv_expand,
+        add_lora=module.add_lora,
+    )
 
 
 def _triton_installed() -> bool:
@@ -54,11 +60,15 @@ def triton_interpreting() -> bool:
 def _triton_ops() -> LoraOps:
     """The Triton backend, refused with a clear message where it cannot run."""
     if not _triton_installed():
-        raise ServeError("the triton LoRA backend needs the triton package (pip install triton; Linux x86_64 only); "
-                         "use --lora-backend torch")
+        raise ServeError(
+            "the triton LoRA backend needs the triton package (pip install triton; Linux x86_64 only); "
+            "use --lora-backend torch"
+        )
     if not torch.cuda.is_available() and not triton_interpreting():
-        raise ServeError("the triton LoRA backend needs a CUDA GPU (no GPU is visible); use the torch backend, or set "
-                         "TRITON_INTERPRET=1 to run the kernels on CPU under Triton's (slow) interpreter")
+        raise ServeError(
+            "the triton LoRA backend needs a CUDA GPU (no GPU is visible); use the torch backend, or set "
+            "TRITON_INTERPRET=1 to run the kernels on CPU under Triton's (slow) interpreter"
+        )
     from gpufleet.serve.ops import lora_triton
 
     return _from_module("triton", lora_triton)
@@ -71,8 +81,9 @@ def _by_device(name: str, cpu: LoraOps, cuda: LoraOps) -> LoraOps:
         on_cpu, on_cuda = getattr(cpu, op), getattr(cuda, op)
         return lambda first, *args, **kwargs: (on_cuda if first.is_cuda else on_cpu)(first, *args, **kwargs)
 
-    return LoraOps(name=name, **{op: pick(op) for op in ("bgmv_shrink", "bgmv_expand", "sgmv_shrink", "sgmv_expand",
-                                                         "add_lora")})
+    return LoraOps(
+        name=name, **{op: pick(op) for op in ("bgmv_shrink", "bgmv_expand", "sgmv_shrink", "sgmv_expand", "add_lora")}
+    )
 
 
 def get_lora_ops(backend: str = "auto") -> LoraOps:

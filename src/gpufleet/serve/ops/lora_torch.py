@@ -53,8 +53,9 @@ def group_rows(idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
 def check_shrink(x: torch.Tensor, a_stack: torch.Tensor) -> None:
     """Shapes of a shrink: x [T, h_in], a_stack [L, h_in, r]."""
     if x.dim() != 2 or a_stack.dim() != 3:
-        raise ServeError(f"LoRA shrink wants x [T, h_in] and a_stack [L, h_in, r]; got {tuple(x.shape)} and "
-                         f"{tuple(a_stack.shape)}")
+        raise ServeError(
+            f"LoRA shrink wants x [T, h_in] and a_stack [L, h_in, r]; got {tuple(x.shape)} and {tuple(a_stack.shape)}"
+        )
     if x.shape[1] != a_stack.shape[1]:
         raise ServeError(f"LoRA shrink: x has {x.shape[1]} features but a_stack expects {a_stack.shape[1]} (h_in)")
 
@@ -62,11 +63,14 @@ def check_shrink(x: torch.Tensor, a_stack: torch.Tensor) -> None:
 def check_expand(y: torch.Tensor, v: torch.Tensor, b_stack: torch.Tensor, scales: torch.Tensor) -> None:
     """Shapes of an expand: y [T, h_out], v [T, r], b_stack [L, r, h_out], scales [L]."""
     if y.dim() != 2 or v.dim() != 2 or b_stack.dim() != 3:
-        raise ServeError(f"LoRA expand wants y [T, h_out], v [T, r], b_stack [L, r, h_out]; got {tuple(y.shape)}, "
-                         f"{tuple(v.shape)}, {tuple(b_stack.shape)}")
+        raise ServeError(
+            f"LoRA expand wants y [T, h_out], v [T, r], b_stack [L, r, h_out]; got {tuple(y.shape)}, "
+            f"{tuple(v.shape)}, {tuple(b_stack.shape)}"
+        )
     if y.shape[0] != v.shape[0] or v.shape[1] != b_stack.shape[1] or y.shape[1] != b_stack.shape[2]:
-        raise ServeError(f"LoRA expand: shapes do not match: y {tuple(y.shape)}, v {tuple(v.shape)}, "
-                         f"b_stack {tuple(b_stack.shape)}")
+        raise ServeError(
+            f"LoRA expand: shapes do not match: y {tuple(y.shape)}, v {tuple(v.shape)}, b_stack {tuple(b_stack.shape)}"
+        )
     if scales.numel() != b_stack.shape[0]:
         raise ServeError(f"LoRA expand: {scales.numel()} scales for {b_stack.shape[0]} slots")
 
@@ -79,14 +83,16 @@ def check_rows(idx: torch.Tensor, rows: int) -> torch.Tensor:
     return idx
 
 
-def host_segments(seg_indptr: torch.Tensor | Sequence[int], seg_lora: torch.Tensor | Sequence[int],
-                  rows: int) -> tuple[list[int], list[int]]:
+def host_segments(
+    seg_indptr: torch.Tensor | Sequence[int], seg_lora: torch.Tensor | Sequence[int], rows: int
+) -> tuple[list[int], list[int]]:
     """Segments as Python lists, checked: S+1 non-decreasing offsets within [0, rows], S slot ids."""
     indptr = [int(i) for i in torch.as_tensor(seg_indptr).reshape(-1).tolist()]
     lora = [int(i) for i in torch.as_tensor(seg_lora).reshape(-1).tolist()]
     if len(indptr) != len(lora) + 1:
-        raise ServeError(f"LoRA: seg_indptr needs S+1 = {len(lora) + 1} offsets for {len(lora)} segments; "
-                         f"got {len(indptr)}")
+        raise ServeError(
+            f"LoRA: seg_indptr needs S+1 = {len(lora) + 1} offsets for {len(lora)} segments; got {len(indptr)}"
+        )
     if indptr[0] < 0 or indptr[-1] > rows or any(b < a for a, b in pairwise(indptr)):
         raise ServeError(f"LoRA: seg_indptr must be non-decreasing offsets within [0, {rows}]; got {indptr[:8]}...")
     return indptr, lora
@@ -97,8 +103,9 @@ def _f32(t: torch.Tensor) -> torch.Tensor:
     return t if t.dtype == torch.float32 else t.float()
 
 
-def _shrink_segments(x: torch.Tensor, a_stack: torch.Tensor, indptr: list[int], lora: list[int],
-                     v: torch.Tensor) -> torch.Tensor:
+def _shrink_segments(
+    x: torch.Tensor, a_stack: torch.Tensor, indptr: list[int], lora: list[int], v: torch.Tensor
+) -> torch.Tensor:
     """v[s:e] = x[s:e] @ A[l] for each segment, written into views of v (fp32)."""
     for s, slot in enumerate(lora):
         lo, hi = indptr[s], indptr[s + 1]
@@ -107,8 +114,9 @@ def _shrink_segments(x: torch.Tensor, a_stack: torch.Tensor, indptr: list[int], 
     return v
 
 
-def _expand_segments(y: torch.Tensor, v: torch.Tensor, b_stack: torch.Tensor, indptr: list[int], lora: list[int],
-                     scales: list[float]) -> torch.Tensor:
+def _expand_segments(
+    y: torch.Tensor, v: torch.Tensor, b_stack: torch.Tensor, indptr: list[int], lora: list[int], scales: list[float]
+) -> torch.Tensor:
     """y[s:e] += scale * v[s:e] @ B[l] per segment; fp32 y takes an in-place addmm, others an fp32 delta."""
     for s, slot in enumerate(lora):
         lo, hi = indptr[s], indptr[s + 1]
@@ -125,7 +133,7 @@ def _segments_to_rows(indptr: list[int], lora: list[int], rows: int, device: tor
     """Per-row slot ids of a segment list (-1 outside every segment)."""
     idx = torch.full((rows,), -1, dtype=torch.long)
     lens = torch.tensor([b - a for a, b in pairwise(indptr)], dtype=torch.long)
-    idx[indptr[0]:indptr[-1]] = torch.repeat_interleave(torch.tensor(lora, dtype=torch.long), lens)
+    idx[indptr[0] : indptr[-1]] = torch.repeat_interleave(torch.tensor(lora, dtype=torch.long), lens)
     return idx.to(device)
 
 
@@ -166,8 +174,9 @@ def _shrink(x: torch.Tensor, a_stack: torch.Tensor, plan: _Plan) -> torch.Tensor
     return out
 
 
-def _expand(y: torch.Tensor, v: torch.Tensor, b_stack: torch.Tensor, plan: _Plan,
-            scales: torch.Tensor | list[float]) -> torch.Tensor:
+def _expand(
+    y: torch.Tensor, v: torch.Tensor, b_stack: torch.Tensor, plan: _Plan, scales: torch.Tensor | list[float]
+) -> torch.Tensor:
     if isinstance(scales, torch.Tensor):
         scales = scales.tolist()
     if plan.order is None:
@@ -194,8 +203,9 @@ def segment_plan(seg_indptr: torch.Tensor, seg_lora: torch.Tensor, rows: int, sc
     return SegmentPlan(_plan_segments(seg_indptr, seg_lora, rows, seg_indptr.device), scales.tolist())
 
 
-def add_lora_segments_planned(y: torch.Tensor, x: torch.Tensor, a_stack: torch.Tensor, b_stack: torch.Tensor,
-                              plan: SegmentPlan) -> torch.Tensor:
+def add_lora_segments_planned(
+    y: torch.Tensor, x: torch.Tensor, a_stack: torch.Tensor, b_stack: torch.Tensor, plan: SegmentPlan
+) -> torch.Tensor:
     """``add_lora`` over segments with the step's plan: y[s:e] += scale · (x[s:e] @ A[l]) @ B[l]."""
     return _expand(y, _shrink(x, a_stack, plan.plan), b_stack, plan.plan, plan.scales)
 
@@ -245,33 +255,46 @@ def padded_plan(idx: torch.Tensor) -> PaddedPlan | None:
     counts = torch.bincount(slot)
     starts = torch.cumsum(counts, 0) - counts
     pos = torch.arange(rows.numel(), device=idx.device) - torch.repeat_interleave(starts, counts)
-    dense = rows.numel() == idx.numel() == counts.numel() and bool((idx == lo + torch.arange(
-        idx.numel(), device=idx.device)).all())
+    dense = rows.numel() == idx.numel() == counts.numel() and bool(
+        (idx == lo + torch.arange(idx.numel(), device=idx.device)).all()
+    )
     return PaddedPlan(rows, slot, pos, lo, counts.numel(), int(counts.max()), dense)
 
 
-def add_lora_planned(y: torch.Tensor, x: torch.Tensor, a_stack: torch.Tensor, b_stack: torch.Tensor,
-                     scales: torch.Tensor, plan: PaddedPlan) -> torch.Tensor:
+def add_lora_planned(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    a_stack: torch.Tensor,
+    b_stack: torch.Tensor,
+    scales: torch.Tensor,
+    plan: PaddedPlan,
+) -> torch.Tensor:
     """y[i] += scale · (x[i] @ A[slot]) @ B[slot] through one bmm pair over the slots in use (fp32 inside)."""
     lo, span = plan.lo, plan.span
     if plan.dense:  # the rows are the slots in order: the batched matmuls read and write them in place
-        v = torch.bmm(_f32(x).unsqueeze(1), _f32(a_stack[lo:lo + span]))
-        v.mul_(_f32(scales[lo:lo + span]).view(-1, 1, 1))
-        delta = torch.bmm(v, _f32(b_stack[lo:lo + span])).squeeze(1)
+        v = torch.bmm(_f32(x).unsqueeze(1), _f32(a_stack[lo : lo + span]))
+        v.mul_(_f32(scales[lo : lo + span]).view(-1, 1, 1))
+        delta = torch.bmm(v, _f32(b_stack[lo : lo + span])).squeeze(1)
         return y.add_(delta.to(y.dtype))  # no copy when y is fp32
     xp = torch.zeros(span, plan.width, x.shape[1], dtype=torch.float32, device=x.device)
     xp[plan.slot, plan.pos] = _f32(x[plan.rows])
-    v = torch.bmm(xp, _f32(a_stack[lo:lo + span]))
-    v.mul_(_f32(scales[lo:lo + span]).view(-1, 1, 1))
-    delta = torch.bmm(v, _f32(b_stack[lo:lo + span]))[plan.slot, plan.pos]
+    v = torch.bmm(xp, _f32(a_stack[lo : lo + span]))
+    v.mul_(_f32(scales[lo : lo + span]).view(-1, 1, 1))
+    delta = torch.bmm(v, _f32(b_stack[lo : lo + span]))[plan.slot, plan.pos]
     if y.dtype == torch.float32:
         return y.index_add_(0, plan.rows, delta)
     y[plan.rows] += delta.to(y.dtype)
     return y
 
 
-def _add_lora_padded(y: torch.Tensor, x: torch.Tensor, a_stack: torch.Tensor, b_stack: torch.Tensor,
-                     scales: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+def _add_lora_padded(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    a_stack: torch.Tensor,
+    b_stack: torch.Tensor,
+    scales: torch.Tensor,
+    idx: torch.Tensor,
+) -> torch.Tensor:
     """The padded form with its layout worked out for this call."""
     plan = padded_plan(idx)
     assert plan is not None
@@ -285,29 +308,37 @@ def bgmv_shrink(x: torch.Tensor, a_stack: torch.Tensor, idx: torch.Tensor) -> to
     return _shrink(x, a_stack, _plan_rows(check_rows(idx, x.shape[0]).to(x.device)))
 
 
-def bgmv_expand(y: torch.Tensor, v: torch.Tensor, b_stack: torch.Tensor, idx: torch.Tensor,
-                scales: torch.Tensor) -> torch.Tensor:
+def bgmv_expand(
+    y: torch.Tensor, v: torch.Tensor, b_stack: torch.Tensor, idx: torch.Tensor, scales: torch.Tensor
+) -> torch.Tensor:
     """y[i] += scales[idx[i]] * v[i] @ B[idx[i]] in place (fp32 accumulation); rows with idx -1 are unchanged."""
     check_expand(y, v, b_stack, scales)
     return _expand(y, v, b_stack, _plan_rows(check_rows(idx, y.shape[0]).to(y.device)), scales)
 
 
-def sgmv_shrink(x: torch.Tensor, a_stack: torch.Tensor, seg_indptr: torch.Tensor,
-                seg_lora: torch.Tensor) -> torch.Tensor:
+def sgmv_shrink(
+    x: torch.Tensor, a_stack: torch.Tensor, seg_indptr: torch.Tensor, seg_lora: torch.Tensor
+) -> torch.Tensor:
     """v[s:e] = x[s:e] @ A[seg_lora[k]] for each segment k as fp32 [T, r]; other rows and -1 segments get zeros."""
     check_shrink(x, a_stack)
     return _shrink(x, a_stack, _plan_segments(seg_indptr, seg_lora, x.shape[0], x.device))
 
 
-def sgmv_expand(y: torch.Tensor, v: torch.Tensor, b_stack: torch.Tensor, seg_indptr: torch.Tensor,
-                seg_lora: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+def sgmv_expand(
+    y: torch.Tensor,
+    v: torch.Tensor,
+    b_stack: torch.Tensor,
+    seg_indptr: torch.Tensor,
+    seg_lora: torch.Tensor,
+    scales: torch.Tensor,
+) -> torch.Tensor:
     """y[s:e] += scales[l] * v[s:e] @ B[l] in place for each segment (l = seg_lora[k]); -1 segments unchanged."""
     check_expand(y, v, b_stack, scales)
     return _expand(y, v, b_stack, _plan_segments(seg_indptr, seg_lora, y.shape[0], y.device), scales)
 
 
 def lora_form(idx: torch.Tensor | None, seg_indptr: torch.Tensor | None, seg_lora: torch.Tensor | None) -> str:
-    """"rows" (idx given) or "segments" (seg_indptr and seg_lora given); anything else is a ServeError."""
+    """ "rows" (idx given) or "segments" (seg_indptr and seg_lora given); anything else is a ServeError."""
     if idx is not None and seg_indptr is None and seg_lora is None:
         return "rows"
     if idx is None and seg_indptr is not None and seg_lora is not None:
@@ -315,9 +346,17 @@ def lora_form(idx: torch.Tensor | None, seg_indptr: torch.Tensor | None, seg_lor
     raise ServeError("add_lora takes either idx (one slot per row) or both seg_indptr and seg_lora (segments)")
 
 
-def add_lora(y: torch.Tensor, x: torch.Tensor, a_stack: torch.Tensor, b_stack: torch.Tensor, scales: torch.Tensor,
-             *, idx: torch.Tensor | None = None, seg_indptr: torch.Tensor | None = None,
-             seg_lora: torch.Tensor | None = None) -> torch.Tensor:
+def add_lora(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    a_stack: torch.Tensor,
+    b_stack: torch.Tensor,
+    scales: torch.Tensor,
+    *,
+    idx: torch.Tensor | None = None,
+    seg_indptr: torch.Tensor | None = None,
+    seg_lora: torch.Tensor | None = None,
+) -> torch.Tensor:
     """y += scale * (x @ A) @ B per row (idx) or per segment (seg_indptr, seg_lora), in place; returns y.
 
     The grouping of rows is worked out once and shared by the shrink and the expand.

@@ -32,15 +32,42 @@ from gpufleet.serve.ops.lora_torch import (
     segments_from_indices,
 )
 
-__all__ = ["add_lora", "bgmv_expand", "bgmv_shrink", "group_rows", "interpreting", "segments_from_indices",
-           "sgmv_expand", "sgmv_shrink"]
+__all__ = [
+    "add_lora",
+    "bgmv_expand",
+    "bgmv_shrink",
+    "group_rows",
+    "interpreting",
+    "segments_from_indices",
+    "sgmv_expand",
+    "sgmv_shrink",
+]
 
 
 # ---------------------------------------------------------------------------------------------------- kernels
-def _sgmv_shrink_kernel(x_ptr, a_ptr, v_ptr, indptr_ptr, lora_ptr, h_in, rank, r_tiles, split_k,
-                        sx_m, sx_k, sa_l, sa_k, sa_r, sv_m, sv_r,
-                        BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
-                        ATOMIC: tl.constexpr, FP32: tl.constexpr):
+def _sgmv_shrink_kernel(
+    x_ptr,
+    a_ptr,
+    v_ptr,
+    indptr_ptr,
+    lora_ptr,
+    h_in,
+    rank,
+    r_tiles,
+    split_k,
+    sx_m,
+    sx_k,
+    sa_l,
+    sa_k,
+    sa_r,
+    sv_m,
+    sv_r,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    ATOMIC: tl.constexpr,
+    FP32: tl.constexpr,
+):
     """Program (m-tile x r-tile, k-split, segment): v[rows, r-tile] (+)= x[rows, k-split] @ A[slot][k-split, r-tile]."""
     seg = tl.program_id(2)
     slot = tl.load(lora_ptr + seg).to(tl.int64)
@@ -57,10 +84,14 @@ def _sgmv_shrink_kernel(x_ptr, a_ptr, v_ptr, indptr_ptr, lora_ptr, h_in, rank, r
     for k0 in range(tl.program_id(1) * BLOCK_K, h_in, BLOCK_K * split_k):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         mask_k = offs_k < h_in
-        xt = tl.load(x_ptr + offs_m[:, None] * sx_m + offs_k[None, :] * sx_k,
-                     mask=mask_m[:, None] & mask_k[None, :], other=0.0)
-        at = tl.load(a_ptr + slot * sa_l + offs_k[:, None] * sa_k + offs_r[None, :] * sa_r,
-                     mask=mask_k[:, None] & mask_r[None, :], other=0.0)
+        xt = tl.load(
+            x_ptr + offs_m[:, None] * sx_m + offs_k[None, :] * sx_k, mask=mask_m[:, None] & mask_k[None, :], other=0.0
+        )
+        at = tl.load(
+            a_ptr + slot * sa_l + offs_k[:, None] * sa_k + offs_r[None, :] * sa_r,
+            mask=mask_k[:, None] & mask_r[None, :],
+            other=0.0,
+        )
         if FP32:
             acc += tl.dot(xt.to(tl.float32), at.to(tl.float32), input_precision="ieee")
         else:
@@ -73,9 +104,27 @@ def _sgmv_shrink_kernel(x_ptr, a_ptr, v_ptr, indptr_ptr, lora_ptr, h_in, rank, r
         tl.store(v_ptrs, acc, mask=mask)
 
 
-def _sgmv_expand_kernel(v_ptr, b_ptr, y_ptr, indptr_ptr, lora_ptr, scale_ptr, rank, h_out,
-                        sv_m, sv_r, sb_l, sb_r, sb_n, sy_m, sy_n,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, FP32: tl.constexpr):
+def _sgmv_expand_kernel(
+    v_ptr,
+    b_ptr,
+    y_ptr,
+    indptr_ptr,
+    lora_ptr,
+    scale_ptr,
+    rank,
+    h_out,
+    sv_m,
+    sv_r,
+    sb_l,
+    sb_r,
+    sb_n,
+    sy_m,
+    sy_n,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    FP32: tl.constexpr,
+):
     """Program (m-tile, n-tile, segment): y[rows, n-tile] += scale * v[rows] @ B[slot][:, n-tile]."""
     seg = tl.program_id(2)
     slot = tl.load(lora_ptr + seg).to(tl.int64)
@@ -92,10 +141,14 @@ def _sgmv_expand_kernel(v_ptr, b_ptr, y_ptr, indptr_ptr, lora_ptr, scale_ptr, ra
     for r0 in range(0, rank, BLOCK_R):
         offs_r = r0 + tl.arange(0, BLOCK_R)
         mask_r = offs_r < rank
-        vt = tl.load(v_ptr + offs_m[:, None] * sv_m + offs_r[None, :] * sv_r,
-                     mask=mask_m[:, None] & mask_r[None, :], other=0.0)
-        bt = tl.load(b_ptr + slot * sb_l + offs_r[:, None] * sb_r + offs_n[None, :] * sb_n,
-                     mask=mask_r[:, None] & mask_n[None, :], other=0.0)
+        vt = tl.load(
+            v_ptr + offs_m[:, None] * sv_m + offs_r[None, :] * sv_r, mask=mask_m[:, None] & mask_r[None, :], other=0.0
+        )
+        bt = tl.load(
+            b_ptr + slot * sb_l + offs_r[:, None] * sb_r + offs_n[None, :] * sb_n,
+            mask=mask_r[:, None] & mask_n[None, :],
+            other=0.0,
+        )
         if FP32:
             acc += tl.dot(vt.to(tl.float32), bt.to(tl.float32), input_precision="ieee")
         else:
@@ -107,9 +160,25 @@ def _sgmv_expand_kernel(v_ptr, b_ptr, y_ptr, indptr_ptr, lora_ptr, scale_ptr, ra
     tl.store(y_ptrs, (y + scale * acc).to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def _bgmv_shrink_kernel(x_ptr, a_ptr, v_ptr, idx_ptr, h_in, rank, split_k,
-                        sx_m, sx_k, sa_l, sa_k, sa_r, sv_m, sv_r,
-                        BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, ATOMIC: tl.constexpr):
+def _bgmv_shrink_kernel(
+    x_ptr,
+    a_ptr,
+    v_ptr,
+    idx_ptr,
+    h_in,
+    rank,
+    split_k,
+    sx_m,
+    sx_k,
+    sa_l,
+    sa_k,
+    sa_r,
+    sv_m,
+    sv_r,
+    BLOCK_K: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    ATOMIC: tl.constexpr,
+):
     """Program (k-split, r-tile, row): a GEMV v[row, r-tile] (+)= x[row, k-split] @ A[idx[row]][k-split, r-tile]."""
     row = tl.program_id(2).to(tl.int64)
     slot = tl.load(idx_ptr + row).to(tl.int64)
@@ -122,8 +191,11 @@ def _bgmv_shrink_kernel(x_ptr, a_ptr, v_ptr, idx_ptr, h_in, rank, split_k,
         offs_k = k0 + tl.arange(0, BLOCK_K)
         mask_k = offs_k < h_in
         xk = tl.load(x_ptr + row * sx_m + offs_k * sx_k, mask=mask_k, other=0.0).to(tl.float32)
-        at = tl.load(a_ptr + slot * sa_l + offs_k[:, None] * sa_k + offs_r[None, :] * sa_r,
-                     mask=mask_k[:, None] & mask_r[None, :], other=0.0).to(tl.float32)
+        at = tl.load(
+            a_ptr + slot * sa_l + offs_k[:, None] * sa_k + offs_r[None, :] * sa_r,
+            mask=mask_k[:, None] & mask_r[None, :],
+            other=0.0,
+        ).to(tl.float32)
         acc += tl.sum(xk[:, None] * at, axis=0)
     v_ptrs = v_ptr + row * sv_m + offs_r * sv_r
     if ATOMIC:
@@ -132,9 +204,24 @@ def _bgmv_shrink_kernel(x_ptr, a_ptr, v_ptr, idx_ptr, h_in, rank, split_k,
         tl.store(v_ptrs, acc, mask=mask_r)
 
 
-def _bgmv_expand_kernel(v_ptr, b_ptr, y_ptr, idx_ptr, scale_ptr, rank, h_out,
-                        sv_m, sv_r, sb_l, sb_r, sb_n, sy_m, sy_n,
-                        BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr):
+def _bgmv_expand_kernel(
+    v_ptr,
+    b_ptr,
+    y_ptr,
+    idx_ptr,
+    scale_ptr,
+    rank,
+    h_out,
+    sv_m,
+    sv_r,
+    sb_l,
+    sb_r,
+    sb_n,
+    sy_m,
+    sy_n,
+    BLOCK_N: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+):
     """Program (n-tile, row): a GEMV y[row, n-tile] += scale * v[row] @ B[idx[row]][:, n-tile]."""
     row = tl.program_id(1).to(tl.int64)
     slot = tl.load(idx_ptr + row).to(tl.int64)
@@ -147,8 +234,11 @@ def _bgmv_expand_kernel(v_ptr, b_ptr, y_ptr, idx_ptr, scale_ptr, rank, h_out,
         offs_r = r0 + tl.arange(0, BLOCK_R)
         mask_r = offs_r < rank
         vr = tl.load(v_ptr + row * sv_m + offs_r * sv_r, mask=mask_r, other=0.0).to(tl.float32)
-        bt = tl.load(b_ptr + slot * sb_l + offs_r[:, None] * sb_r + offs_n[None, :] * sb_n,
-                     mask=mask_r[:, None] & mask_n[None, :], other=0.0).to(tl.float32)
+        bt = tl.load(
+            b_ptr + slot * sb_l + offs_r[:, None] * sb_r + offs_n[None, :] * sb_n,
+            mask=mask_r[:, None] & mask_n[None, :],
+            other=0.0,
+        ).to(tl.float32)
         acc += tl.sum(vr[:, None] * bt, axis=0)
     scale = tl.load(scale_ptr + slot).to(tl.float32)
     y_ptrs = y_ptr + row * sy_m + offs_n * sy_n
@@ -201,12 +291,15 @@ def _on_device(*tensors: torch.Tensor) -> None:
         return
     for t in tensors:
         if t.device.type != "cuda":
-            raise ServeError(f"the Triton LoRA backend needs CUDA tensors (got one on {t.device}); use the torch "
-                             "backend on CPU, or TRITON_INTERPRET=1 to run the kernels under Triton's interpreter")
+            raise ServeError(
+                f"the Triton LoRA backend needs CUDA tensors (got one on {t.device}); use the torch "
+                "backend on CPU, or TRITON_INTERPRET=1 to run the kernels under Triton's interpreter"
+            )
 
 
-def _segment_meta(seg_indptr: torch.Tensor, seg_lora: torch.Tensor, rows: int,
-                  device: torch.device) -> tuple[torch.Tensor, torch.Tensor, int]:
+def _segment_meta(
+    seg_indptr: torch.Tensor, seg_lora: torch.Tensor, rows: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Segments on the device, plus the longest segment: exact when they come from the host, else ``rows``."""
     indptr, lora = torch.as_tensor(seg_indptr), torch.as_tensor(seg_lora)
     longest = rows
@@ -223,16 +316,18 @@ def _block_m(longest: int) -> int:
 
 
 # ---------------------------------------------------------------------------------------------------- SGMV
-def sgmv_shrink(x: torch.Tensor, a_stack: torch.Tensor, seg_indptr: torch.Tensor,
-                seg_lora: torch.Tensor) -> torch.Tensor:
+def sgmv_shrink(
+    x: torch.Tensor, a_stack: torch.Tensor, seg_indptr: torch.Tensor, seg_lora: torch.Tensor
+) -> torch.Tensor:
     """v[s:e] = x[s:e] @ A[seg_lora[k]] for each segment k as fp32 [T, r]; other rows and -1 segments get zeros."""
     check_shrink(x, a_stack)
     _on_device(x, a_stack)
     return _sgmv_shrink(x, a_stack, *_segment_meta(seg_indptr, seg_lora, x.shape[0], x.device))
 
 
-def _sgmv_shrink(x: torch.Tensor, a_stack: torch.Tensor, indptr: torch.Tensor, lora: torch.Tensor,
-                 longest: int) -> torch.Tensor:
+def _sgmv_shrink(
+    x: torch.Tensor, a_stack: torch.Tensor, indptr: torch.Tensor, lora: torch.Tensor, longest: int
+) -> torch.Tensor:
     rows, (_, h_in, rank) = x.shape[0], a_stack.shape
     v = torch.zeros(rows, rank, dtype=torch.float32, device=x.device)
     if rows == 0 or lora.numel() == 0 or longest == 0:
@@ -242,30 +337,72 @@ def _sgmv_shrink(x: torch.Tensor, a_stack: torch.Tensor, indptr: torch.Tensor, l
     split = _split_k(max(lora.numel(), m_tiles) * r_tiles, -(-h_in // block_k), x.device)
     grid = (m_tiles * r_tiles, split, lora.numel())
     _kernel(_sgmv_shrink_kernel)[grid](
-        x, a_stack, v, indptr, lora, h_in, rank, r_tiles, split, *x.stride(), *a_stack.stride(), *v.stride(),
-        BLOCK_M=block_m, BLOCK_K=block_k, BLOCK_R=block_r, ATOMIC=split > 1, FP32=a_stack.dtype == torch.float32)
+        x,
+        a_stack,
+        v,
+        indptr,
+        lora,
+        h_in,
+        rank,
+        r_tiles,
+        split,
+        *x.stride(),
+        *a_stack.stride(),
+        *v.stride(),
+        BLOCK_M=block_m,
+        BLOCK_K=block_k,
+        BLOCK_R=block_r,
+        ATOMIC=split > 1,
+        FP32=a_stack.dtype == torch.float32,
+    )
     return v
 
 
-def sgmv_expand(y: torch.Tensor, v: torch.Tensor, b_stack: torch.Tensor, seg_indptr: torch.Tensor,
-                seg_lora: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+def sgmv_expand(
+    y: torch.Tensor,
+    v: torch.Tensor,
+    b_stack: torch.Tensor,
+    seg_indptr: torch.Tensor,
+    seg_lora: torch.Tensor,
+    scales: torch.Tensor,
+) -> torch.Tensor:
     """y[s:e] += scales[l] * v[s:e] @ B[l] in place for each segment (l = seg_lora[k]); -1 segments unchanged."""
     check_expand(y, v, b_stack, scales)
     _on_device(y, v, b_stack, scales)
     return _sgmv_expand(y, v, b_stack, *_segment_meta(seg_indptr, seg_lora, y.shape[0], y.device), scales)
 
 
-def _sgmv_expand(y: torch.Tensor, v: torch.Tensor, b_stack: torch.Tensor, indptr: torch.Tensor, lora: torch.Tensor,
-                 longest: int, scales: torch.Tensor) -> torch.Tensor:
+def _sgmv_expand(
+    y: torch.Tensor,
+    v: torch.Tensor,
+    b_stack: torch.Tensor,
+    indptr: torch.Tensor,
+    lora: torch.Tensor,
+    longest: int,
+    scales: torch.Tensor,
+) -> torch.Tensor:
     rows, (_, rank, h_out) = y.shape[0], b_stack.shape
     if rows == 0 or lora.numel() == 0 or longest == 0:
         return y
     block_m, block_n, block_r = _block_m(longest), 64, _pow2(rank, 16, 64)
     grid = (-(-longest // block_m), -(-h_out // block_n), lora.numel())
     _kernel(_sgmv_expand_kernel)[grid](
-        v, b_stack, y, indptr, lora, scales.to(torch.float32).contiguous(), rank, h_out,
-        *v.stride(), *b_stack.stride(), *y.stride(),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_R=block_r, FP32=b_stack.dtype == torch.float32)
+        v,
+        b_stack,
+        y,
+        indptr,
+        lora,
+        scales.to(torch.float32).contiguous(),
+        rank,
+        h_out,
+        *v.stride(),
+        *b_stack.stride(),
+        *y.stride(),
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_R=block_r,
+        FP32=b_stack.dtype == torch.float32,
+    )
     return y
 
 
@@ -284,13 +421,26 @@ def bgmv_shrink(x: torch.Tensor, a_stack: torch.Tensor, idx: torch.Tensor) -> to
     r_tiles = -(-rank // block_r)
     split = _split_k(rows * r_tiles, -(-h_in // block_k), x.device)
     _kernel(_bgmv_shrink_kernel)[(split, r_tiles, rows)](
-        x, a_stack, v, idx, h_in, rank, split, *x.stride(), *a_stack.stride(), *v.stride(),
-        BLOCK_K=block_k, BLOCK_R=block_r, ATOMIC=split > 1)
+        x,
+        a_stack,
+        v,
+        idx,
+        h_in,
+        rank,
+        split,
+        *x.stride(),
+        *a_stack.stride(),
+        *v.stride(),
+        BLOCK_K=block_k,
+        BLOCK_R=block_r,
+        ATOMIC=split > 1,
+    )
     return v
 
 
-def bgmv_expand(y: torch.Tensor, v: torch.Tensor, b_stack: torch.Tensor, idx: torch.Tensor,
-                scales: torch.Tensor) -> torch.Tensor:
+def bgmv_expand(
+    y: torch.Tensor, v: torch.Tensor, b_stack: torch.Tensor, idx: torch.Tensor, scales: torch.Tensor
+) -> torch.Tensor:
     """y[i] += scales[idx[i]] * v[i] @ B[idx[i]] in place (fp32 accumulation); rows with idx -1 are unchanged."""
     check_expand(y, v, b_stack, scales)
     _on_device(y, v, b_stack, scales)
@@ -301,14 +451,33 @@ def bgmv_expand(y: torch.Tensor, v: torch.Tensor, b_stack: torch.Tensor, idx: to
     block_r = _pow2(rank, 16, 64)
     block_n = _pow2(8192 // block_r, 64, 256)
     _kernel(_bgmv_expand_kernel)[(-(-h_out // block_n), rows)](
-        v, b_stack, y, idx, scales.to(torch.float32).contiguous(), rank, h_out,
-        *v.stride(), *b_stack.stride(), *y.stride(), BLOCK_N=block_n, BLOCK_R=block_r)
+        v,
+        b_stack,
+        y,
+        idx,
+        scales.to(torch.float32).contiguous(),
+        rank,
+        h_out,
+        *v.stride(),
+        *b_stack.stride(),
+        *y.stride(),
+        BLOCK_N=block_n,
+        BLOCK_R=block_r,
+    )
     return y
 
 
-def add_lora(y: torch.Tensor, x: torch.Tensor, a_stack: torch.Tensor, b_stack: torch.Tensor, scales: torch.Tensor,
-             *, idx: torch.Tensor | None = None, seg_indptr: torch.Tensor | None = None,
-             seg_lora: torch.Tensor | None = None) -> torch.Tensor:
+def add_lora(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    a_stack: torch.Tensor,
+    b_stack: torch.Tensor,
+    scales: torch.Tensor,
+    *,
+    idx: torch.Tensor | None = None,
+    seg_indptr: torch.Tensor | None = None,
+    seg_lora: torch.Tensor | None = None,
+) -> torch.Tensor:
     """y += scale * (x @ A) @ B per row (idx) or per segment (seg_indptr, seg_lora), in place; returns y."""
     if lora_form(idx, seg_indptr, seg_lora) == "rows":
         idx = check_rows(idx, x.shape[0]).to(x.device)

@@ -99,8 +99,10 @@ def load_inference(source: str, *, pool_servers: int, until_s: float, **opts: An
         return func(pool_servers, until_s=until_s, **opts)
     path = Path(key).expanduser()
     if not path.is_file():
-        raise TraceError(f"unknown inference load {key!r}: not one of {', '.join(inference_sources())} "
-                         "and not an existing CSV file (columns time,servers_needed)")
+        raise TraceError(
+            f"unknown inference load {key!r}: not one of {', '.join(inference_sources())} "
+            "and not an existing CSV file (columns time,servers_needed)"
+        )
     from gpufleet.traces.inference.csv_file import read_load_csv
 
     check_options(read_load_csv, opts, f"inference load {key!r}", ConfigError, skip=("path", "pool_servers"))

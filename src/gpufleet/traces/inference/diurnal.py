@@ -33,11 +33,15 @@ def diurnal_load(
     """
     where = "diurnal_load"
     check_common(pool_servers, until_s, step_s, where)
-    require(0 <= trough <= peak <= 1, f"{where}: need 0 <= trough <= peak <= 1 (shares of the pool), "
-             f"got trough={trough!r}, peak={peak!r}")
+    require(
+        0 <= trough <= peak <= 1,
+        f"{where}: need 0 <= trough <= peak <= 1 (shares of the pool), got trough={trough!r}, peak={peak!r}",
+    )
     require(math.isfinite(period_s) and period_s > 0, f"{where}: period_s must be positive seconds, got {period_s!r}")
-    require(math.isfinite(peak_hour) and 0 <= peak_hour * 3600.0 < period_s,
-             f"{where}: peak_hour must lie in [0, period_s / 3600 = {period_s / 3600:g}), got {peak_hour!r}")
+    require(
+        math.isfinite(peak_hour) and 0 <= peak_hour * 3600.0 < period_s,
+        f"{where}: peak_hour must lie in [0, period_s / 3600 = {period_s / 3600:g}), got {peak_hour!r}",
+    )
     require(math.isfinite(noise) and noise >= 0, f"{where}: noise must be >= 0 (0.05 = 5 % sd), got {noise!r}")
     n = max(1, math.ceil(until_s / step_s))
     time = np.arange(n, dtype=np.float64) * step_s

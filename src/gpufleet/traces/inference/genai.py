@@ -66,8 +66,10 @@ def shipped_profile_path() -> Path:
     """Path of the busy-GPUs-per-minute profile shipped inside the package."""
     path = Path(str(resources.files("gpufleet").joinpath("data", "inference", GENAI_PROFILE)))
     if not path.is_file():
-        raise TraceError(f"bundled inference profile {GENAI_PROFILE} is missing from the gpufleet install; "
-                         "reinstall gpufleet or pass path= the raw Alibaba GenAI request trace")
+        raise TraceError(
+            f"bundled inference profile {GENAI_PROFILE} is missing from the gpufleet install; "
+            "reinstall gpufleet or pass path= the raw Alibaba GenAI request trace"
+        )
     return path
 
 
@@ -76,16 +78,20 @@ def _busy_per_minute(raw_csv: Path) -> pl.DataFrame:
     import polars as pl
 
     if not raw_csv.is_file():
-        raise TraceError(f"GenAI request trace {raw_csv} not found; pass the path of "
-                         "lora_request_trace.csv (alibaba/clusterdata, cluster-trace-v2026-GenAI)")
+        raise TraceError(
+            f"GenAI request trace {raw_csv} not found; pass the path of "
+            "lora_request_trace.csv (alibaba/clusterdata, cluster-trace-v2026-GenAI)"
+        )
     try:
         header = pl.read_csv(raw_csv, n_rows=0).columns
     except (pl.exceptions.PolarsError, OSError, UnicodeDecodeError) as exc:
         raise TraceError(f"{raw_csv}: cannot read as CSV ({exc}); pass the GenAI request trace") from None
     missing = [c for c in GENAI_RAW_COLUMNS if c not in header]
     if missing:
-        raise TraceError(f"{raw_csv}: line 1 (header) lacks column(s) {', '.join(missing)}; a GenAI request "
-                         f"trace needs {', '.join(GENAI_RAW_COLUMNS)} (found: {', '.join(header)})")
+        raise TraceError(
+            f"{raw_csv}: line 1 (header) lacks column(s) {', '.join(missing)}; a GenAI request "
+            f"trace needs {', '.join(GENAI_RAW_COLUMNS)} (found: {', '.join(header)})"
+        )
     raw = pl.read_csv(raw_csv, columns=list(GENAI_RAW_COLUMNS), infer_schema=False).with_row_index("row")
     parsed = raw.with_columns(
         pl.col("gmt_create").str.strip_chars().str.to_datetime("%Y-%m-%d %H:%M:%S", strict=False).alias("ts"),
@@ -94,14 +100,21 @@ def _busy_per_minute(raw_csv: Path) -> pl.DataFrame:
     bad_ts = parsed.filter(pl.col("ts").is_null())
     if bad_ts.height:
         row = bad_ts.row(0, named=True)
-        raise TraceError(f"{raw_csv}, line {row['row'] + 2}: gmt_create {row['gmt_create']!r} is not a "
-                         f"'YYYY-MM-DD HH:MM:SS' time ({bad_ts.height} such rows); fix or delete those rows")
-    bad_exec = parsed.filter(pl.col("exec_s").is_null() & pl.col("exec_time_seconds").is_not_null()
-                             & (pl.col("exec_time_seconds").str.strip_chars() != ""))
+        raise TraceError(
+            f"{raw_csv}, line {row['row'] + 2}: gmt_create {row['gmt_create']!r} is not a "
+            f"'YYYY-MM-DD HH:MM:SS' time ({bad_ts.height} such rows); fix or delete those rows"
+        )
+    bad_exec = parsed.filter(
+        pl.col("exec_s").is_null()
+        & pl.col("exec_time_seconds").is_not_null()
+        & (pl.col("exec_time_seconds").str.strip_chars() != "")
+    )
     if bad_exec.height:
         row = bad_exec.row(0, named=True)
-        raise TraceError(f"{raw_csv}, line {row['row'] + 2}: exec_time_seconds {row['exec_time_seconds']!r} is not "
-                         "a number; fix or delete that row")
+        raise TraceError(
+            f"{raw_csv}, line {row['row'] + 2}: exec_time_seconds {row['exec_time_seconds']!r} is not "
+            "a number; fix or delete that row"
+        )
     # Step 1: a request holds one GPU for its execution time; null / <= 0 (PENDING) rows held none.
     used = parsed.filter(pl.col("exec_s").is_finite() & (pl.col("exec_s") > 0))
     if used.height == 0:
@@ -155,12 +168,16 @@ def _read_profile(path: Path) -> tuple[np.ndarray, np.ndarray]:
     try:
         frame = pl.read_csv(path, schema={"minute": pl.Int64, "busy_gpus": pl.Float64})
     except (pl.exceptions.PolarsError, OSError) as exc:
-        raise TraceError(f"{path}: not a busy-GPU profile with columns minute,busy_gpus ({exc}); "
-                         "recreate it with derive_genai_profile") from None
+        raise TraceError(
+            f"{path}: not a busy-GPU profile with columns minute,busy_gpus ({exc}); "
+            "recreate it with derive_genai_profile"
+        ) from None
     minute, busy = frame["minute"].to_numpy(), frame["busy_gpus"].to_numpy()
     if minute.size == 0 or np.any(np.diff(minute) != 1) or frame.null_count().sum_horizontal().item():
-        raise TraceError(f"{path}: a busy-GPU profile needs one row per consecutive minute and no empty cells; "
-                         "recreate it with derive_genai_profile")
+        raise TraceError(
+            f"{path}: a busy-GPU profile needs one row per consecutive minute and no empty cells; "
+            "recreate it with derive_genai_profile"
+        )
     return minute, busy
 
 
@@ -171,8 +188,10 @@ def _genai_profile(path: str | Path | None) -> tuple[np.ndarray, np.ndarray, str
         return (*_read_profile(profile), str(profile))
     path = Path(path)
     if not path.is_file():
-        raise TraceError(f"GenAI trace {path} not found; pass the raw lora_request_trace.csv, a profile made by "
-                         "derive_genai_profile, or no path for the shipped profile")
+        raise TraceError(
+            f"GenAI trace {path} not found; pass the raw lora_request_trace.csv, a profile made by "
+            "derive_genai_profile, or no path for the shipped profile"
+        )
     opener = gzip.open if path.name.endswith(".gz") else open
     with opener(path, "rt", newline="") as fh:
         header = tuple(next(csv.reader(fh), []))
@@ -187,9 +206,10 @@ def _whole_days(minute: np.ndarray, busy: np.ndarray, source: str) -> np.ndarray
     first, stop = int(minute[0]), int(minute[-1]) + 1
     d0, d1 = -(-first // MINUTES_PER_DAY), stop // MINUTES_PER_DAY
     if d1 <= d0:
-        raise TraceError(f"{source}: the requests cover no whole day (midnight to midnight); "
-                         "genai_load needs at least one")
-    return busy[d0 * MINUTES_PER_DAY - first:d1 * MINUTES_PER_DAY - first]
+        raise TraceError(
+            f"{source}: the requests cover no whole day (midnight to midnight); genai_load needs at least one"
+        )
+    return busy[d0 * MINUTES_PER_DAY - first : d1 * MINUTES_PER_DAY - first]
 
 
 @register_source("genai", order=0)
@@ -220,13 +240,21 @@ def genai_load(
     """
     where = "genai_load"
     check_common(pool_servers, until_s, step_s, where)
-    require(not isinstance(gpus_per_server, bool) and isinstance(gpus_per_server, (int, np.integer))
-             and gpus_per_server >= 1, f"{where}: gpus_per_server must be a whole number >= 1, got {gpus_per_server!r}")
-    require(math.isfinite(headroom) and headroom >= 0, f"{where}: headroom must be >= 0 (0.2 = 20 % spare), "
-             f"got {headroom!r}")
+    require(
+        not isinstance(gpus_per_server, bool)
+        and isinstance(gpus_per_server, (int, np.integer))
+        and gpus_per_server >= 1,
+        f"{where}: gpus_per_server must be a whole number >= 1, got {gpus_per_server!r}",
+    )
+    require(
+        math.isfinite(headroom) and headroom >= 0,
+        f"{where}: headroom must be >= 0 (0.2 = 20 % spare), got {headroom!r}",
+    )
     require(0 < peak_quantile <= 1, f"{where}: peak_quantile must lie in (0, 1], got {peak_quantile!r}")
-    require(step_s % 60 == 0 and DAY_S % step_s == 0,
-             f"{where}: step_s must be a multiple of 60 s that divides a day (60, 300, 900, 3600, ...), got {step_s!r}")
+    require(
+        step_s % 60 == 0 and DAY_S % step_s == 0,
+        f"{where}: step_s must be a multiple of 60 s that divides a day (60, 300, 900, 3600, ...), got {step_s!r}",
+    )
     minute, busy, source = _genai_profile(path)
     days = _whole_days(minute, busy, source)
     windows = days.reshape(-1, int(step_s // 60)).mean(axis=1)

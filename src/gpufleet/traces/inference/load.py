@@ -43,8 +43,9 @@ class InferenceLoad:
         servers = np.array(self.servers).ravel()
         where = f"inference load {self.name!r}"
         if time.size == 0 or time.size != servers.size:
-            raise TraceError(f"{where}: time_s and servers need the same, non-zero length "
-                             f"(got {time.size} and {servers.size})")
+            raise TraceError(
+                f"{where}: time_s and servers need the same, non-zero length (got {time.size} and {servers.size})"
+            )
         if servers.dtype.kind == "f":
             if not np.all(np.isfinite(servers)) or np.any(servers != np.round(servers)):
                 raise TraceError(f"{where}: servers must be whole numbers")
@@ -57,8 +58,10 @@ class InferenceLoad:
         if not np.all(np.isfinite(time)) or time[0] != 0.0 or np.any(np.diff(time) <= 0):
             raise TraceError(f"{where}: time_s must be finite, start at 0.0 and strictly increase")
         if servers.min() < 0 or servers.max() > self.pool_servers:
-            raise TraceError(f"{where}: servers must lie in [0, pool_servers={self.pool_servers}], "
-                             f"got {servers.min()}..{servers.max()}")
+            raise TraceError(
+                f"{where}: servers must lie in [0, pool_servers={self.pool_servers}], "
+                f"got {servers.min()}..{servers.max()}"
+            )
         time.setflags(write=False)
         servers.setflags(write=False)
         object.__setattr__(self, "time_s", time)
@@ -66,8 +69,10 @@ class InferenceLoad:
         object.__setattr__(self, "pool_servers", int(self.pool_servers))
 
     def __repr__(self) -> str:
-        return (f"InferenceLoad(name={self.name!r}, steps={self.time_s.size}, pool_servers={self.pool_servers}, "
-                f"last_step_s={self.time_s[-1]:g})")
+        return (
+            f"InferenceLoad(name={self.name!r}, steps={self.time_s.size}, pool_servers={self.pool_servers}, "
+            f"last_step_s={self.time_s[-1]:g})"
+        )
 
     def _index(self, t: np.ndarray | float) -> np.ndarray:
         """Index of the step in force at ``t`` (0 before time 0)."""
@@ -139,7 +144,7 @@ class InferenceLoad:
         if end <= start:
             raise ConfigError(f"describe: need start < end, got start={start}, end={end}")
         lo, hi = int(self._index(start)), int(np.searchsorted(self.time_s, end, side="left"))
-        window = self.servers[lo:max(hi, lo + 1)]
+        window = self.servers[lo : max(hi, lo + 1)]
         pool = max(self.pool_servers, 1)
         mean = self.mean_utilisation(start, end)
         return {
@@ -160,11 +165,13 @@ class InferenceLoad:
         """The steps as a frame: ``time_s`` (float64), ``servers_needed`` and ``idle_servers`` (int64)."""
         import polars as pl
 
-        return pl.DataFrame({
-            "time_s": self.time_s,
-            "servers_needed": self.servers,
-            "idle_servers": self.pool_servers - self.servers,
-        })
+        return pl.DataFrame(
+            {
+                "time_s": self.time_s,
+                "servers_needed": self.servers,
+                "idle_servers": self.pool_servers - self.servers,
+            }
+        )
 
     def merged(self) -> InferenceLoad:
         """The same load with fewer events: steps whose value equals the previous step's are dropped."""
@@ -180,9 +187,14 @@ def require(ok: bool, message: str) -> None:
 
 def check_common(pool_servers: int, until_s: float, step_s: float, where: str) -> None:
     """The arguments every source takes: a whole pool size, a positive span and step."""
-    require(not isinstance(pool_servers, bool) and isinstance(pool_servers, (int, np.integer)) and pool_servers >= 0,
-             f"{where}: pool_servers must be a whole number >= 0 (servers in the inference pool), got {pool_servers!r}")
-    require(math.isfinite(until_s) and until_s > 0,
-             f"{where}: until_s must be a positive number of seconds (the span to cover), got {until_s!r}")
-    require(math.isfinite(step_s) and step_s > 0, f"{where}: step_s must be a positive number of seconds, "
-             f"got {step_s!r}")
+    require(
+        not isinstance(pool_servers, bool) and isinstance(pool_servers, (int, np.integer)) and pool_servers >= 0,
+        f"{where}: pool_servers must be a whole number >= 0 (servers in the inference pool), got {pool_servers!r}",
+    )
+    require(
+        math.isfinite(until_s) and until_s > 0,
+        f"{where}: until_s must be a positive number of seconds (the span to cover), got {until_s!r}",
+    )
+    require(
+        math.isfinite(step_s) and step_s > 0, f"{where}: step_s must be a positive number of seconds, got {step_s!r}"
+    )

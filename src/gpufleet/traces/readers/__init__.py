@@ -99,9 +99,7 @@ def read_csv_table(path: Path) -> pl.DataFrame:
         if "more fields" in message:
             line = _first_ragged_line(path, len(csv_header(path)))
             where = f" (line {line})" if line else ""
-            raise TraceError(
-                f"{path}: a row has more fields than the header{where}; fix or quote that line"
-            ) from None
+            raise TraceError(f"{path}: a row has more fields than the header{where}; fix or quote that line") from None
         if "not properly escaped" in message:
             column = re.search(r"at column '([^']*)'", message)
             where = f" in column '{column.group(1)}'" if column else ""
@@ -109,9 +107,7 @@ def read_csv_table(path: Path) -> pl.DataFrame:
                 f"{path}: a field{where} has an unmatched double quote; fix the quoting of that line"
             ) from None
         first = message.strip().splitlines()[0] if message.strip() else type(exc).__name__
-        raise TraceError(
-            f"{path}: not a readable CSV file ({first}); check the format and encoding"
-        ) from None
+        raise TraceError(f"{path}: not a readable CSV file ({first}); check the format and encoding") from None
     except OSError as exc:
         raise TraceError(f"{path}: cannot read the file ({exc.strerror or exc})") from None
 

@@ -27,8 +27,14 @@ class ParquetReader(TraceReader):
     @classmethod
     def write_sample(cls, folder: Path) -> Path:
         path = folder / "tiny-jobs.parquet"
-        pl.DataFrame({"job_id": ["a", "b", "c"], "submit_s": [0.0, 60.0, 120.0], "duration_s": [3600.0, 600.0, 60.0],
-                      "gpus": [8, 1, 2]}).write_parquet(path)
+        pl.DataFrame(
+            {
+                "job_id": ["a", "b", "c"],
+                "submit_s": [0.0, 60.0, 120.0],
+                "duration_s": [3600.0, 600.0, 60.0],
+                "gpus": [8, 1, 2],
+            }
+        ).write_parquet(path)
         return path
 
     def read(self, path: Path, columns: Mapping[str, str] | None = None) -> ParsedTable:
@@ -38,9 +44,7 @@ class ParquetReader(TraceReader):
             table = pl.read_parquet(path)
             metadata = pq.read_schema(path).metadata or {}
         except (pl.exceptions.PolarsError, OSError, ValueError) as exc:
-            raise TraceError(
-                f"{path}: not a readable Parquet file ({exc}); write it with write_trace"
-            ) from None
+            raise TraceError(f"{path}: not a readable Parquet file ({exc}); write it with write_trace") from None
         try:
             origin = origin_from_metadata(metadata.get(ORIGIN_KEY.encode()))
         except ValueError:

@@ -41,7 +41,5 @@ class PhillyReader(TraceReader):
 
     def read(self, path: Path, columns: Mapping[str, str] | None = None) -> ParsedTable:
         table = read_csv_table(path)
-        mapping = resolve_columns(
-            table.columns, columns, path=str(path), defaults=PHILLY_MAPPING, layout="philly"
-        )
+        mapping = resolve_columns(table.columns, columns, path=str(path), defaults=PHILLY_MAPPING, layout="philly")
         return parse_table(table, mapping, job_id_prefix="philly", drop_blank=True)
