@@ -10,7 +10,6 @@ import json
 from pathlib import Path
 from typing import Annotated
 
-import click
 import typer
 from rich.table import Table
 from typer.core import TyperGroup
@@ -23,7 +22,7 @@ _DEFAULT = "analyze"
 class _TracesByDefault(TyperGroup):
     """A group whose first argument, when it is not a subcommand, goes to the default ``analyze`` command."""
 
-    def resolve_command(self, ctx: click.Context, args: list[str]):
+    def resolve_command(self, ctx: typer.Context, args: list[str]):  # typer vendors click: no `import click`
         if args and args[0] not in self.commands and not args[0].startswith("-"):
             args.insert(0, _DEFAULT)
         return super().resolve_command(ctx, args)
