@@ -24,7 +24,7 @@ import pkgutil
 from collections.abc import Callable, ItemsView, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from gpufleet.errors import GpufleetError
 
@@ -268,3 +268,28 @@ def check_options(
     unknown = sorted(set(options) - set(accepted))
     if unknown:
         raise error(f"{what} takes no option(s) {', '.join(unknown)}; its options are: {', '.join(accepted) or 'none'}")
+
+
+class FileReader:
+    """What every file-reading plugin declares, so that :meth:`Registry.detect` can choose among them.
+
+    Trace readers and telemetry readers subclass it and add their own ``read``; ``kind`` names the plugin
+    kind in messages (``"trace reader"``).
+    """
+
+    kind: ClassVar[str] = "reader"
+    name: ClassVar[str] = ""
+    #: one line for ``--help``
+    description: ClassVar[str] = ""
+    #: lower-case file-name endings this reader reads (auto-detection); none: it decides by :meth:`sniff`
+    suffixes: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def sniff(cls, path: Path) -> bool | None:
+        """Whether ``path`` is in this reader's format: True, False, or None for no opinion (the suffix decides)."""
+        return None
+
+    @classmethod
+    def write_sample(cls, folder: Path) -> Path:
+        """Write a tiny file in this reader's format into ``folder`` (for the conformance tests); its path."""
+        raise NotImplementedError(f"{cls.kind} {cls.name!r} has no write_sample")

@@ -51,7 +51,7 @@ from gpufleet.health.frame import (
 from gpufleet.health.frame import (
     to_utc_ms as to_utc_ms,
 )
-from gpufleet.registry import Registry
+from gpufleet.registry import FileReader, Registry
 
 if TYPE_CHECKING:  # re-exported lazily by __getattr__ below (those modules import this one)
     from gpufleet.health.hourly import merge_xid_events as merge_xid_events
@@ -62,24 +62,10 @@ if TYPE_CHECKING:  # re-exported lazily by __getattr__ below (those modules impo
     from gpufleet.health.readers.prometheus import parse_exposition as parse_exposition
 
 
-class TelemetryReader(ABC):
+class TelemetryReader(FileReader, ABC):
     """Reads one telemetry file (or folder) into a :class:`TelemetryRead`."""
 
-    name: ClassVar[str] = ""
-    #: one line for ``--help``
-    description: ClassVar[str] = ""
-    #: lower-case file-name endings this reader reads (auto-detection); none: it decides by :meth:`sniff`
-    suffixes: ClassVar[tuple[str, ...]] = ()
-
-    @classmethod
-    def sniff(cls, path: Path) -> bool | None:
-        """Whether ``path`` is in this reader's format: True, False, or None for no opinion (the suffix decides)."""
-        return None
-
-    @classmethod
-    def write_sample(cls, folder: Path) -> Path:
-        """Write a tiny export in this reader's format into ``folder`` (for the conformance tests); its path."""
-        raise NotImplementedError(f"telemetry reader {cls.name!r} has no write_sample")
+    kind: ClassVar[str] = "telemetry reader"
 
     @abstractmethod
     def read(self, path: Path, columns: Mapping[str, str] | None = None) -> TelemetryRead:

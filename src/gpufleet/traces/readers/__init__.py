@@ -19,7 +19,7 @@ from typing import ClassVar
 import polars as pl
 
 from gpufleet.errors import TraceError
-from gpufleet.registry import Registry
+from gpufleet.registry import FileReader, Registry
 from gpufleet.traces.canonical import ParsedTable
 
 #: Column layout of the Philly job-level trace (Pollux derivation).
@@ -27,24 +27,10 @@ PHILLY_COLUMNS = ("timestamp", "duration", "num_gpus", "gpu_time", "cluster")
 PHILLY_MAPPING = {"submit": "timestamp", "duration": "duration", "gpus": "num_gpus", "vc": "cluster"}
 
 
-class TraceReader(ABC):
+class TraceReader(FileReader, ABC):
     """Reads one trace file into canonical columns; validation and sorting happen in the loader."""
 
-    name: ClassVar[str] = ""
-    #: one line for ``--help``
-    description: ClassVar[str] = ""
-    #: lower-case file-name endings this reader reads (auto-detection)
-    suffixes: ClassVar[tuple[str, ...]] = ()
-
-    @classmethod
-    def sniff(cls, path: Path) -> bool | None:
-        """Whether ``path`` is in this reader's format: True, False, or None for no opinion (the suffix decides)."""
-        return None
-
-    @classmethod
-    def write_sample(cls, folder: Path) -> Path:
-        """Write a tiny file in this reader's format into ``folder`` (for the conformance tests); its path."""
-        raise NotImplementedError(f"trace reader {cls.name!r} has no write_sample")
+    kind: ClassVar[str] = "trace reader"
 
     @abstractmethod
     def read(self, path: Path, columns: Mapping[str, str] | None = None) -> ParsedTable:
