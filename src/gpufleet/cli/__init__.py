@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import typer
 
-from gpufleet.cli.common import run_app
+from gpufleet.cli.common import RegistryHelp, run_app
 from gpufleet.cli.contention import contention_app
 from gpufleet.cli.diagnose import diagnose_app
 from gpufleet.cli.health import health_app
@@ -33,7 +33,7 @@ app = typer.Typer(
     rich_markup_mode="markdown",
     pretty_exceptions_enable=False,
 )
-app.command()(simulate)
+app.command(cls=RegistryHelp)(simulate)
 app.command()(policies)
 app.command("plan", short_help="Alias of `gpufleet perf plan`: search every layout and rank those that fit.")(perf_plan)
 app.add_typer(traces_app, name="traces")

@@ -14,9 +14,17 @@ import typer
 from rich.table import Table
 from typer.core import TyperGroup
 
-from gpufleet.cli.common import err, out
+from gpufleet.cli.common import RegistryHelp, WideOpt, err, out
 
 _DEFAULT = "analyze"
+#: Widest a function name is shown without ``--wide`` (longer ones fold onto more lines): the tables fit 100 columns.
+_FUNCTION_WIDTH = 40
+#: The same in ``diagnose functions``, whose table has more columns.
+_FUNCTION_TABLE_WIDTH = 32
+#: Columns of ``diagnose functions`` shown without ``--wide``.
+_DEFAULT_FUNCTION_COLUMNS = ("rank", "category", "function", "calls/step", "total s", "share")
+#: Columns of ``diagnose stragglers`` shown without ``--wide``.
+_DEFAULT_STRAGGLER_COLUMNS = ("section", "rank", "median", "relative", "z", "straggler", "slow from step", "slowdown")
 
 
 class _TracesByDefault(TyperGroup):
@@ -39,7 +47,9 @@ diagnose_app = typer.Typer(
 )
 
 
-@diagnose_app.command(_DEFAULT, help="Analyse a folder of per-rank profiler traces (the default command).")
+@diagnose_app.command(
+    _DEFAULT, cls=RegistryHelp, help="Analyse a folder of per-rank profiler traces (the default command)."
+)
 def analyze(
     traces: Annotated[Path, typer.Argument(help="Folder of per-rank traces (or one trace file).")],
     as_json: Annotated[bool, typer.Option("--json", help="Print the diagnosis as JSON (findings first).")] = False,
@@ -50,14 +60,18 @@ def analyze(
     min_cost: Annotated[float, typer.Option(help="Alarm threshold on time lost, as a share of the median step.")] = (
         0.02
     ),
-    localisers: Annotated[str | None, typer.Option(help="Comma-separated localisers to run (default: all).")] = None,
+    localisers: Annotated[
+        str | None,
+        typer.Option(help="Comma-separated localisers to run (default: every default one): {localisers}."),
+    ] = None,
+    wide: WideOpt = False,
 ) -> None:
-    from gpufleet.diagnose.analyzer import DEFAULT_LOCALISERS, TraceAnalyzer
-    from gpufleet.diagnose.localize import Thresholds
+    from gpufleet.diagnose.analyzer import TraceAnalyzer
+    from gpufleet.diagnose.localize import Thresholds, default_localisers
 
     with err.status(f"reading traces in {traces} ...", spinner="dots"):
         analyzer = TraceAnalyzer(traces, Thresholds(z=z, cost_share=min_cost))
-        names = tuple(n.strip() for n in localisers.split(",")) if localisers else DEFAULT_LOCALISERS
+        names = tuple(n.strip() for n in localisers.split(",")) if localisers else default_localisers()
         diagnosis = analyzer.diagnose(names)
     shown = diagnosis.findings if show_all else diagnosis.alarms
     if as_json:
@@ -65,7 +79,7 @@ def analyze(
         payload["findings"] = [f.to_dict() for f in shown[:top]]
         print(json.dumps(payload, indent=2))
     else:
-        _print_findings(diagnosis, shown[:top])
+        _print_findings(diagnosis, shown[:top], wide)
     if report is not None:
         from gpufleet.report.diagnose_report import write_diagnose_report
 
@@ -73,7 +87,7 @@ def analyze(
         err.print(f"report written to {path}")
 
 
-def _print_findings(diagnosis, findings) -> None:
+def _print_findings(diagnosis, findings, wide: bool = False) -> None:
     out.print(
         f"{len(diagnosis.ranks)} rank(s), median step {diagnosis.step_s_median * 1e3:.2f} ms, "
         f"{len(diagnosis.alarms)} alarm(s)"
@@ -83,19 +97,27 @@ def _print_findings(diagnosis, findings) -> None:
     if not findings:
         out.print("[green]No finding above the alarm thresholds.[/] (--all shows the rest)")
         return
-    table = Table(title="Findings, by time lost per step")
-    for col in ("rank", "category", "function", "ms/step", "score", "evidence"):
-        table.add_column(col, justify="right" if col in ("ms/step", "score") else "left", overflow="fold")
+    table = Table(title="Findings, by time lost per step", caption=None if wide else "--wide adds the evidence")
+    for col in ("rank", "category", "function", "ms/step", "score", "evidence")[: None if wide else -1]:
+        table.add_column(
+            col,
+            justify="right" if col in ("ms/step", "score") else "left",
+            overflow="fold",
+            no_wrap=col in ("ms/step", "score"),
+            max_width=None if wide or col != "function" else _FUNCTION_WIDTH,
+        )
     for f in findings:
         evidence = {k: v for k, v in f.evidence.items() if k not in ("top_functions", "extra_functions", "also")}
-        table.add_row(
+        row = [
             "all" if f.rank is None else str(f.rank),
             f.category,
             f.function[:60],
             f"{f.cost_s_per_step * 1e3:.2f}",
             f"{f.score:.1f}",
-            ", ".join(f"{k}={v}" for k, v in evidence.items())[:120],
-        )
+        ]
+        if wide:
+            row.append(", ".join(f"{k}={v}" for k, v in evidence.items())[:120])
+        table.add_row(*row)
     out.print(table)
 
 
@@ -105,6 +127,7 @@ def functions(
     rank: Annotated[int | None, typer.Option(help="Only this rank.")] = None,
     top: Annotated[int, typer.Option(help="Rows per rank, by total time.")] = 15,
     as_json: Annotated[bool, typer.Option("--json", help="Print rows as JSON.")] = False,
+    wide: WideOpt = False,
 ) -> None:
     import polars as pl
 
@@ -118,12 +141,17 @@ def functions(
     if as_json:
         print(json.dumps(summary.to_dicts(), indent=2, default=str))
         return
-    table = Table(title="Functions by total time")
     cols = ("rank", "domain", "category", "function", "calls/step", "total s", "mean ms", "p95 ms", "cv", "share")
-    for col in cols:
-        table.add_column(col, overflow="fold")
+    keep = [i for i, c in enumerate(cols) if wide or c in _DEFAULT_FUNCTION_COLUMNS]
+    hidden = len(cols) - len(keep)
+    table = Table(
+        title="Functions by total time", caption=f"--wide shows every column ({hidden} more)" if hidden else None
+    )
+    for i in keep:
+        narrow = cols[i] == "function" and not wide
+        table.add_column(cols[i], overflow="fold", max_width=_FUNCTION_TABLE_WIDTH if narrow else None)
     for r in summary.iter_rows(named=True):
-        table.add_row(
+        row = (
             str(r["rank"]),
             r["domain"],
             r["category"],
@@ -135,6 +163,7 @@ def functions(
             f"{r['cv']:.2f}",
             f"{r['share_of_step']:.1%}",
         )
+        table.add_row(*(row[i] for i in keep))
     out.print(table)
 
 
@@ -187,6 +216,7 @@ def stragglers(
         None
     ),
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    wide: WideOpt = False,
 ) -> None:
     from gpufleet.diagnose.stragglers import detect_stragglers, parse_columns, read_timings
 
@@ -203,8 +233,7 @@ def stragglers(
         f"{frame['rank'].n_unique()} ranks, {frame['step'].n_unique()} steps, "
         f"{found.height} straggler(s) at threshold {threshold}"
     )
-    t = Table(title="Stragglers first, then ranks by relative score (1.0 = as fast as the fastest)")
-    for col in (
+    cols = (
         "section",
         "rank",
         "median",
@@ -215,15 +244,29 @@ def stragglers(
         "slow from step",
         "recovered",
         "slowdown",
-    ):
-        t.add_column(col, justify="left" if col == "section" else "right")
+    )
+    keep = [i for i, c in enumerate(cols) if wide or c in _DEFAULT_STRAGGLER_COLUMNS]
+    hidden = len(cols) - len(keep)
+    t = Table(
+        title="Stragglers first, then ranks by relative score (1.0 = as fast as the fastest)",
+        caption=f"--wide shows every column ({hidden} more)" if hidden else None,
+    )
+    for i in keep:
+        section = cols[i] == "section"
+        t.add_column(
+            cols[i],
+            justify="left" if section else "right",
+            overflow="fold" if section else "ellipsis",
+            no_wrap=not section,
+            max_width=None if wide or not section else 20,
+        )
+
+    def fmt(v, spec=".3f"):
+        return "-" if v is None or v != v else format(v, spec)
+
     rows = report.ranks.sort(["is_straggler", "relative_score"], descending=[True, False]).head(20)
     for r in rows.iter_rows(named=True):
-
-        def fmt(v, spec=".3f"):
-            return "-" if v is None or v != v else format(v, spec)
-
-        t.add_row(
+        row = (
             str(r["section"]),
             str(r["rank"]),
             fmt(r["median_s"], ".4g"),
@@ -235,4 +278,5 @@ def stragglers(
             fmt(r["recovered_step"], "d") if r["recovered_step"] is not None else "-",
             fmt(r["slowdown"], ".2f"),
         )
+        t.add_row(*(row[i] for i in keep))
     out.print(t)

@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from gpufleet.cli.common import err, out
+from gpufleet.cli.common import RegistryHelp, err, out
 from gpufleet.errors import HealthError
 
 health_app = typer.Typer(
@@ -107,11 +107,11 @@ def generate(
     )
 
 
-@health_app.command("import")
+@health_app.command("import", cls=RegistryHelp)
 def import_(
     source: Annotated[Path, typer.Argument(help="dcgm-exporter scrape(s) (.prom / folder), CSV or Parquet.")],
     out_path: Annotated[Path, typer.Option("-o", "--out", help="Canonical hourly Parquet to write.")],
-    reader: Annotated[str | None, typer.Option(help="Force a reader: prometheus, csv or parquet.")] = None,
+    reader: Annotated[str | None, typer.Option(help="Force a reader: {telemetry-readers}.")] = None,
     columns: Annotated[
         str | None,
         typer.Option(help="Column mapping canonical=source for CSV/Parquet, e.g. 'gpu=card,time=ts,host=node'."),
@@ -150,7 +150,7 @@ def import_(
     err.print(f"wrote {frame.height:,} hourly rows of {frame['gpu'].n_unique():,} GPUs to {out_path}")
 
 
-@health_app.command()
+@health_app.command(cls=RegistryHelp)
 def train(
     fleet: Annotated[Path, typer.Argument(help="Canonical hourly telemetry (Parquet).")],
     out_path: Annotated[
@@ -159,7 +159,7 @@ def train(
             "-o", "--out", help="Model file to write: a zip of JSON, safetensors and LightGBM text (never a pickle)."
         ),
     ] = Path("model.zip"),
-    model: Annotated[str, typer.Option(help="gbdt, mlp, lstm, cnn1d, parallel or cascade.")] = "cascade",
+    model: Annotated[str, typer.Option(help="Failure model: {health-models}.")] = "cascade",
     window: Annotated[str, typer.Option(help="Observation window each prediction looks back over.")] = "7d",
     horizon: Annotated[
         str, typer.Option(help="A GPU is positive if it fails within this after the prediction.")
@@ -210,11 +210,11 @@ def _truncate(arrays: Any, hours: int) -> Any:
     return cut
 
 
-@health_app.command()
+@health_app.command(cls=RegistryHelp)
 def evaluate(
     fleet: Annotated[Path, typer.Argument(help="Canonical hourly telemetry with failures (Parquet).")],
     models: Annotated[
-        str, typer.Option(help="Comma-separated: gbdt, mlp, lstm, cnn1d, parallel, cascade.")
+        str, typer.Option(help="Comma-separated failure models: {health-models}.")
     ] = "gbdt,mlp,lstm,cnn1d,parallel,cascade",
     sliding: Annotated[str, typer.Option(help="Retrain period of sliding training.")] = "14d",
     train_span: Annotated[str, typer.Option(help="Training window (L_train) of every fit.")] = "28d",

@@ -101,7 +101,7 @@ def _fit_warning(est: StepEstimate) -> str:
     return (
         f"[bold red]does not fit:[/] {est.values['memory_gb']:.1f} GB needed per GPU, the {est.system.gpu.name} "
         f"has {est.system.gpu.memory_gb:g} GB. Try --recompute selective or full, a larger --pp or --tp, "
-        "--zero 2 or 3, or a smaller --mbs (or `gpufleet plan` to search)."
+        "--zero 2 or 3, or a smaller --mbs (or `gpufleet perf plan` to search)."
     )
 
 

@@ -17,8 +17,6 @@ from gpufleet.report.fmt import clean_json, format_span
 
 __all__ = ["failure_table", "policies", "simulate", "split_policies", "summary_table"]
 
-#: Policies that place jobs by network contention and need ``--network``.
-NETWORK_POLICIES = frozenset({"contention", "random", "rl"})
 #: Columns of the summary table shown without ``--wide`` (fit 100 columns with any policy name).
 DEFAULT_COLUMNS = ("policy", "jobs", "avg JCT", "p99 JCT", "avg queue", "GPU util", "usage", "preempt.")
 #: Columns of the failure table shown without ``--wide``.
@@ -35,7 +33,7 @@ def simulate(
             "'submit=submission_time,duration=duration,gpus=num_gpu'."
         ),
     ] = None,
-    reader: Annotated[str | None, typer.Option(help="Force a trace reader: philly, csv or parquet.")] = None,
+    reader: Annotated[str | None, typer.Option(help="Force a trace reader: {trace-readers}.")] = None,
     vc: Annotated[str | None, typer.Option(help="Only the jobs of this virtual cluster.")] = None,
     cluster: Annotated[
         Path | None,
@@ -48,8 +46,8 @@ def simulate(
     policy: Annotated[
         str,
         typer.Option(
-            help="Comma-separated policies: fifo, sjf, srtf, las, tiresias, and Aryl's aryl, aryl-loan, aryl-elastic, "
-            "aryl-base (see `gpufleet policies`)."
+            help="Comma-separated policies: {policies} (see `gpufleet policies`); those needing --network: "
+            "{network-policies}."
         ),
     ] = ",".join(("fifo", "sjf", "srtf", "las", "tiresias")),
     opt: Annotated[
@@ -62,8 +60,8 @@ def simulate(
     inference: Annotated[
         str | None,
         typer.Option(
-            help="Inference load on the cluster's inference pool: 'genai' (the bundled Alibaba GenAI trace, the "
-            "default when the cluster has an inference pool), 'diurnal', 'none', a CSV time,servers_needed, or "
+            help="Inference load on the cluster's inference pool: {inference-sources} ('genai' is the default when "
+            "the cluster has an inference pool), a CSV time,servers_needed, or "
             "'punica[:genai|diurnal]' / 'punica-per-adapter[:...]': LoRA traffic of that shape served by batched "
             "multi-adapter serving or one adapter at a time (gpufleet serve's capacity model). "
             "Aryl loans the idle servers to training."
@@ -126,8 +124,8 @@ def simulate(
             help="Model network contention: multi-node jobs share NIC and rack-uplink bandwidth, and "
             "their speed follows the traffic beside them (model fitted to DeepShare's measurements; see "
             "docs/contention.md). Jobs take their communication pattern from a 'model' column (`--columns "
-            "model=...`) or, without one, from --comm-mix. Adds the policies contention, random, rl, las-spread, "
-            "srtf-spread; `rl:PATH` uses a model trained with `gpufleet sched train-rl`.",
+            "model=...`) or, without one, from --comm-mix. Needed by the policies {network-policies}; "
+            "`rl:PATH` uses a model trained with `gpufleet sched train-rl`.",
         ),
     ] = False,
     comm_mix: Annotated[
@@ -174,6 +172,7 @@ def simulate(
     failures, job_interruptions, lost_gpu_hours_failures, drains, drain_true, drain_false,
     false_alarm_gpu_hours, drain_gpu_hours, avoided_failures (and predictor: whether alerts drained nodes).
     """
+    from gpufleet.sched.policy import policies_needing
     from gpufleet.sim.config import SimConfig
     from gpufleet.sim.elastic_jobs import ElasticConfig
     from gpufleet.sim.inference_load import inference_for
@@ -193,11 +192,8 @@ def simulate(
         from gpufleet.perf.comm_profiles import with_comm_profiles
 
         load.jobs = with_comm_profiles(load.jobs, comm_mix)
-    elif any(p in NETWORK_POLICIES for p in policies):
-        raise typer.BadParameter(
-            f"policies {', '.join(sorted(NETWORK_POLICIES & set(policies)))} place jobs "
-            "by network contention: add --network"
-        )
+    elif needing := policies_needing("network", policies):
+        raise typer.BadParameter(f"policies {', '.join(needing)} place jobs by network contention: add --network")
     inference_load = inference_for(spec, inference, load.jobs)
     elastic_cfg = ElasticConfig(
         elastic_share=elastic_share,

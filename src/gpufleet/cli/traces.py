@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from gpufleet.cli.common import err, load_cluster, load_jobs, out
+from gpufleet.cli.common import RegistryHelp, err, load_cluster, load_jobs, out
 from gpufleet.report.fmt import clean_json, format_span
 
 __all__ = ["traces_app"]
@@ -29,11 +29,11 @@ class Arrival(StrEnum):
     poisson = "poisson"
 
 
-@traces_app.command("info")
+@traces_app.command("info", cls=RegistryHelp)
 def traces_info(
     source: Annotated[str, typer.Argument(help="'philly' (bundled) or a CSV / Parquet file.")],
     columns: Annotated[str | None, typer.Option(help="Column mapping for a CSV (see `simulate --help`).")] = None,
-    reader: Annotated[str | None, typer.Option(help="Force a reader: philly, csv or parquet.")] = None,
+    reader: Annotated[str | None, typer.Option(help="Force a reader: {trace-readers}.")] = None,
     vc: Annotated[str | None, typer.Option(help="Only this virtual cluster.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False,
 ) -> None:
@@ -76,11 +76,11 @@ def _print_info(info: dict[str, Any]) -> None:
             out.print(sub)
 
 
-@traces_app.command("convert")
+@traces_app.command("convert", cls=RegistryHelp)
 def traces_convert(
     source: Annotated[str, typer.Argument(help="'philly' (bundled) or a CSV / Parquet file.")],
     output: Annotated[Path, typer.Option("-o", "--output", help="Output file (.parquet or .csv).")],
-    fmt: Annotated[str | None, typer.Option("--format", help="Input format: philly, csv or parquet.")] = None,
+    fmt: Annotated[str | None, typer.Option("--format", help="Input reader: {trace-readers}.")] = None,
     to: Annotated[str | None, typer.Option(help="Output format: parquet or csv (default: from the suffix).")] = None,
     columns: Annotated[str | None, typer.Option(help="Column mapping for a CSV (see `simulate --help`).")] = None,
     vc: Annotated[str | None, typer.Option(help="Only this virtual cluster.")] = None,
@@ -113,14 +113,11 @@ def traces_generate(
     err.print(f"{frame.height:,} jobs over {span_d:.1f} days written to {path}")
 
 
-@traces_app.command("inference")
+@traces_app.command("inference", cls=RegistryHelp)
 def traces_inference(
     source: Annotated[
         str,
-        typer.Argument(
-            help="genai (shape of the Alibaba GenAI serving trace, shipped), diurnal (cosine day), none, "
-            "or a CSV with columns time,servers_needed."
-        ),
+        typer.Argument(help="{inference-sources}; or a CSV with columns time,servers_needed."),
     ],
     cluster: Annotated[
         Path | None,

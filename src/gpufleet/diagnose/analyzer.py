@@ -24,13 +24,6 @@ from gpufleet.errors import DiagnoseError
 __all__ = ["Diagnosis", "TraceAnalyzer", "default_localisers"]
 
 
-def __getattr__(name: str) -> Any:
-    """``DEFAULT_LOCALISERS``: the registered default localisers in run order (see ``default_localisers``)."""
-    if name == "DEFAULT_LOCALISERS":
-        return default_localisers()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 @dataclass
 class Diagnosis:
     """Findings ranked by time lost (alarming first), with the context a report needs."""

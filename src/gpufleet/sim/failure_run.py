@@ -15,7 +15,7 @@ from typing import Any
 import polars as pl
 
 from gpufleet.errors import ConfigError
-from gpufleet.sched.policy import make_policy
+from gpufleet.sched.policy import POLICIES, make_policy
 from gpufleet.sim.config import SimConfig
 from gpufleet.sim.engine import Simulator
 from gpufleet.sim.failures import OutagePlan, OutageSettings
@@ -58,12 +58,17 @@ class FailureRun:
     policy_opts: Mapping[str, Any] = field(default_factory=dict)
 
 
+def _gang_policy_names() -> list[str]:
+    """The registered policies the failure run can take: gang-engine ones needing nothing beyond jobs and a cluster."""
+    return [n for n, cls in sorted(POLICIES.items()) if cls.engine == "gang" and not cls.needs]  # type: ignore[attr-defined]
+
+
 def _gang_policy(name: str, opts: Mapping[str, Any]) -> Any:
     policy = make_policy(name, **dict(opts))
     if policy.engine != "gang":
         raise ConfigError(
             f"--failures: policy '{name}' runs on the elastic engine, which does not inject "
-            "failures yet; choose among fifo, sjf, srtf, las, tiresias"
+            f"failures yet; choose among {', '.join(_gang_policy_names())}"
         )
     return policy
 
