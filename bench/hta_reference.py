@@ -14,13 +14,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import platform
 import sys
 import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
+
+from gpufleet.report.fmt import clean_json
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_TRACES = ROOT / "tests" / "data" / "kineto"
@@ -36,17 +37,8 @@ CASES: dict[str, tuple[list[str], bool]] = {
 }
 
 
-def _clean(value: Any) -> Any:
-    """JSON-safe scalars: numpy numbers to Python, NaN to None."""
-    if hasattr(value, "item"):
-        value = value.item()
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    return value
-
-
 def _records(frame: Any) -> list[dict[str, Any]]:
-    return [{k: _clean(v) for k, v in row.items()} for row in frame.to_dict("records")]
+    return clean_json(frame.to_dict("records"))
 
 
 def _late_start_metric(analysis: Any) -> dict[str, Any]:

@@ -97,16 +97,20 @@ class Registry(Generic[T]):
         """Import every module of :attr:`package` once (their decorators register the built-in entries)."""
         if self._discovered:
             return
-        self._discovered = True
-        pkg = importlib.import_module(self.package)  # type: ignore[arg-type]
-        for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
-            module = f"{self.package}.{info.name}"
-            try:
-                importlib.import_module(module)
-            except ImportError as exc:
-                top = (exc.name or "").split(".")[0]
-                if top not in self.optional:
-                    raise
+        self._discovered = True  # set first: a plugin module may look names up while it is being imported
+        try:
+            pkg = importlib.import_module(self.package)  # type: ignore[arg-type]
+            for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
+                module = f"{self.package}.{info.name}"
+                try:
+                    importlib.import_module(module)
+                except ImportError as exc:
+                    top = (exc.name or "").split(".")[0]
+                    if top not in self.optional:
+                        raise
+        except BaseException:
+            self._discovered = False  # a failed import is raised again next time, never a quietly partial list
+            raise
 
     # -- looking up --------------------------------------------------------------------------------
     def names(self) -> list[str]:

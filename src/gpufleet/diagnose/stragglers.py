@@ -21,6 +21,7 @@ import polars as pl
 from gpufleet.diagnose.step_timings import CANONICAL, parse_columns, read_timings
 from gpufleet.diagnose.straggler_analysis import SectionAnalysis
 from gpufleet.errors import DiagnoseError
+from gpufleet.report.fmt import clean_json
 
 __all__ = ["CANONICAL", "StragglerReport", "detect_stragglers", "parse_columns", "read_timings"]
 
@@ -68,12 +69,12 @@ class StragglerReport:
         out: dict[str, Any] = {
             "params": dict(self.params),
             "stragglers": self.stragglers.select("section", "rank").to_dicts(),
-            "ranks": _clean(self.ranks.to_dicts()),
-            "segments": _clean(self.segments.to_dicts()),
+            "ranks": clean_json(self.ranks.to_dicts()),
+            "segments": clean_json(self.segments.to_dicts()),
             "notes": list(self.notes),
         }
         if windows:
-            out["windows"] = _clean(self.windows.to_dicts())
+            out["windows"] = clean_json(self.windows.to_dicts())
         return out
 
 
@@ -159,10 +160,3 @@ def _check_frame(frame: pl.DataFrame) -> None:
             f"timings frame: missing column(s) {missing}; columns found: {frame.columns};"
             " build it with gpufleet.diagnose.stragglers.read_timings"
         )
-
-
-def _clean(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Replace NaN and infinities by None so that ``json.dumps`` gives valid JSON."""
-    from gpufleet.report.fmt import clean_json
-
-    return clean_json(rows)
