@@ -113,6 +113,12 @@ class Registry(Generic[T]):
             raise
 
     # -- looking up --------------------------------------------------------------------------------
+    def registered(self, name: str) -> Callable[..., T] | None:
+        """The factory registered as ``name`` so far, without discovering the package (None when absent).
+
+        For callers that imported the defining module themselves and must not import every other plugin."""
+        return self._entries.get(name)
+
     def names(self) -> list[str]:
         """The registered names, sorted."""
         self.discover()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import io
 import json
 import pickle
 import subprocess
@@ -79,9 +80,53 @@ def test_a_pickle_in_the_weights_is_refused_in_one_line(tmp_path: Path) -> None:
     assert "\n" not in str(e.value) and "weights_only" not in str(e.value) and not marker.exists()
 
 
-def test_the_command_line_refuses_a_crafted_rl_model(tmp_path: Path) -> None:
+def _corrupt(path: Path) -> Path:
+    """The shipped model with its ``data`` deflated and the deflate stream then damaged (zlib refuses it)."""
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        for name, data in _shipped().items():
+            zf.writestr(name, data)
+        info = zf.getinfo("data")
+    raw = bytearray(path.read_bytes())
+    start = info.header_offset + 30 + len(info.filename.encode()) + len(info.extra)
+    raw[start : start + 64] = b"\xff" * 64  # a block of the reserved type 3
+    path.write_bytes(bytes(raw))
+    return path
+
+
+def test_a_damaged_zip_is_refused_in_one_line(tmp_path: Path) -> None:
+    path = _corrupt(tmp_path / "bad.zip")
+    with pytest.raises(ConfigError, match=r"bad\.zip: not a stable-baselines3 model zip \(zlib\.error: .*invalid") as e:
+        read_actor(path)
+    assert "\n" not in str(e.value)
+
+
+def test_a_zip_bomb_is_refused_before_it_expands(tmp_path: Path) -> None:
+    path = tmp_path / "bomb.zip"
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as zf, zf.open("data", "w") as f:
+        for _ in range(17):
+            f.write(b" " * 2**20)
+    assert path.stat().st_size < 2**20
+    with pytest.raises(ConfigError, match=r"its data expands to 17\.0 MiB, over the 16\.0 MiB limit"):
+        read_actor(path)
+
+
+def test_compressed_tensors_in_the_weights_are_refused(tmp_path: Path) -> None:
+    """torch.save stores its tensors uncompressed: a deflated member could expand far past the file's size."""
+    with zipfile.ZipFile(io.BytesIO(_shipped()["policy.pth"])) as zf:
+        inner = {name: zf.read(name) for name in zf.namelist()}
+    packed = io.BytesIO()
+    with zipfile.ZipFile(packed, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        for name, data in inner.items():
+            zf.writestr(name, data)
+    path = _write(tmp_path / "m.zip", {**_shipped(), "policy.pth": packed.getvalue()})
+    with pytest.raises(ConfigError, match=r"its policy\.pth has compressed members"):
+        read_actor(path)
+
+
+@pytest.mark.parametrize("kind", ["pickle", "damaged"])
+def test_the_command_line_refuses_a_crafted_rl_model(kind: str, tmp_path: Path) -> None:
     marker = tmp_path / "ran"
-    path = _payload_in_weights(tmp_path / "evil.zip", marker)
+    path = _payload_in_weights(tmp_path / "evil.zip", marker) if kind == "pickle" else _corrupt(tmp_path / "evil.zip")
     trace = tmp_path / "jobs.csv"
     pl.DataFrame(
         {"job_id": ["a", "b"], "submit_s": [0.0, 60.0], "duration_s": [3600.0, 600.0], "num_gpus": [8, 2]}
@@ -103,4 +148,7 @@ def test_the_command_line_refuses_a_crafted_rl_model(tmp_path: Path) -> None:
     assert res.returncode != 0 and not marker.exists()
     assert "Traceback" not in res.stderr + res.stdout
     last = res.stderr.strip().splitlines()[-1]
-    assert last.startswith(f"error: cannot load RL model {path}: its policy.pth is not a plain state dict")
+    if kind == "pickle":
+        assert last.startswith(f"error: cannot load RL model {path}: its policy.pth is not a plain state dict")
+    else:
+        assert last.startswith(f"error: cannot load RL model {path}: not a stable-baselines3 model zip (zlib.error:")

@@ -11,7 +11,8 @@ fail within 48 h" rather than print a bare score.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import math
+from dataclasses import asdict, dataclass, field, fields
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -72,16 +73,21 @@ class Predictor:
             if calibration is not None:
                 x, y = calibration
                 calibration = (np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64))
+            bin_h, budget = c["bin_h"], c["budget"]
+            if type(bin_h) is not int or bin_h <= 0:
+                raise TypeError(f"its bin_h {bin_h!r} is not a positive whole number of hours")
+            if type(budget) not in (int, float) or not math.isfinite(budget) or budget < 0:
+                raise TypeError(f"its budget {budget!r} is not a finite share")
             return Predictor(
                 model=c["model"],
                 model_name=str(c["model_name"]),
-                features=FeatureConfig(**c["features"]),
-                bin_h=int(c["bin_h"]),
-                budget=float(c["budget"]),
+                features=_features(c["features"], bin_h),
+                bin_h=bin_h,
+                budget=float(budget),
                 trained=dict(c["trained"]),
                 calibration=calibration,
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, HealthError) as exc:
             raise HealthError(
                 f"{path}: not a valid {_WHAT} ({type(exc).__name__}: {exc}); write one with `gpufleet health train`"
             ) from None
@@ -99,6 +105,20 @@ class Predictor:
             raise HealthError(f"telemetry binned at {arrays.bin_h} h but the model expects {self.bin_h} h")
         samples = build_samples(arrays, gpu, hour, self.features, with_labels=False)
         return np.asarray(self.model.score(samples), dtype=np.float64)
+
+
+def _features(raw: Any, bin_h: int) -> FeatureConfig:
+    """The FeatureConfig of a file's ``features``: exactly its fields, each a whole number of hours that fits the
+    bins (TypeError or HealthError otherwise)."""
+    names = [f.name for f in fields(FeatureConfig)]
+    if not isinstance(raw, dict) or set(raw) != set(names):
+        raise TypeError(f"its features are not {', '.join(names)}")
+    bad = [name for name in names if type(raw[name]) is not int]
+    if bad:
+        raise TypeError(f"its features {', '.join(bad)} are not whole numbers of hours")
+    fc = FeatureConfig(**raw)
+    fc.validate(bin_h)
+    return fc
 
 
 def _check_format(path: Path, fmt: str) -> None:

@@ -4,7 +4,8 @@ stable-baselines3's own ``load`` rebuilds spaces, schedules and classes with clo
 file from elsewhere that way can run any code the file holds. The ``rl`` policy needs only the actor network,
 a stack of Linear layers with Tanh or ReLU between them. It comes from ``policy.pth``, a state dict read with
 ``torch.load(weights_only=True)``, and from the plain-JSON parts of the zip's ``data`` (the observation shape,
-the activation). Anything else in the zip is ignored.
+the activation). Anything else in the zip is ignored, and each member is read within a size limit (a zip bomb
+is refused before it expands).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import itertools
 import json
 import re
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,12 +23,15 @@ from typing import Any
 import numpy as np
 
 from gpufleet.errors import ConfigError
-from gpufleet.safeload import load_torch_weights, why_unreadable
+from gpufleet.safeload import MiB, load_torch_weights, read_member, why_unreadable
 
 _ACTIVATIONS = {"Tanh": "tanh", "ReLU": "relu"}
 #: policy_kwargs that do not change the actor's forward pass (net_arch is read from the weights themselves)
 _HARMLESS_KWARGS = {"net_arch", "activation_fn", "ortho_init"}
 _HIDDEN = re.compile(r"^mlp_extractor\.policy_net\.(\d+)\.(weight|bias)$")
+# what the members read may expand to; the shipped model's are 15 KB (data) and 72 KB (policy.pth)
+_DATA_LIMIT = 16 * MiB
+_WEIGHTS_LIMIT = 512 * MiB
 
 
 @dataclass(frozen=True)
@@ -69,9 +74,10 @@ def read_actor(path: str | Path) -> ActorMLP:
     path = Path(path)
     try:
         with zipfile.ZipFile(path) as zf:
-            data = json.loads(zf.read("data"))
-            raw = zf.read("policy.pth")
-    except (KeyError, OSError, ValueError, zipfile.BadZipFile) as exc:
+            data = json.loads(read_member(zf, "data", _DATA_LIMIT))
+            raw = read_member(zf, "policy.pth", _WEIGHTS_LIMIT)
+    # a missing member, a damaged or oversized one (zlib.error, EOFError), an encrypted one (RuntimeError)
+    except (KeyError, OSError, ValueError, EOFError, RuntimeError, zipfile.BadZipFile, zlib.error) as exc:
         raise ConfigError(
             f"cannot load RL model {path}: not a stable-baselines3 model zip ({why_unreadable(exc)}); "
             "train one with `gpufleet sched train-rl`"
@@ -83,6 +89,7 @@ def read_actor(path: str | Path) -> ActorMLP:
 
 
 def _load_state_dict(raw: bytes) -> dict[str, Any]:
+    _check_stored(raw)
     try:
         state = load_torch_weights(io.BytesIO(raw))
     except Exception as exc:  # torch raises UnpicklingError, RuntimeError, ... for what is not plain weights
@@ -90,6 +97,19 @@ def _load_state_dict(raw: bytes) -> dict[str, Any]:
     if not isinstance(state, dict):
         raise ConfigError("its policy.pth is not a state dict")
     return state
+
+
+def _check_stored(raw: bytes) -> None:
+    """ConfigError unless the torch archive ``raw`` holds its tensors uncompressed, as ``torch.save`` writes them
+    (a compressed member could expand far past the file's size when torch reads it)."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(raw)) as zf:
+            infos = zf.infolist()
+    except (zipfile.BadZipFile, OSError, ValueError):
+        return  # not a zip: torch's legacy format, or not weights at all (torch.load says which)
+    total = sum(info.file_size for info in infos)
+    if any(info.compress_type != zipfile.ZIP_STORED for info in infos) or total > len(raw):
+        raise ConfigError("its policy.pth has compressed members; torch.save writes them uncompressed")
 
 
 def _actor(data: Any, state: dict[str, Any]) -> ActorMLP:

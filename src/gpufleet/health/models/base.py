@@ -7,6 +7,8 @@ only compared within one model (top-K alerting), so they need not be calibrated 
 
 from __future__ import annotations
 
+import importlib
+import re
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
@@ -15,6 +17,10 @@ import numpy as np
 from gpufleet.errors import ConfigError
 from gpufleet.health.samples import Samples
 from gpufleet.registry import Registry
+
+#: the package whose modules register the built-in models; model files name a module of it, never another
+PACKAGE = "gpufleet.health.models"
+_MODULE = re.compile(rf"{re.escape(PACKAGE)}(\.[A-Za-z_][A-Za-z0-9_]*)+")
 
 
 @runtime_checkable
@@ -34,7 +40,7 @@ _REGISTRY: Registry[FailureModel] = Registry(
     listing="known",
     empty="none (install gpufleet[health])",
     set_name=False,
-    package="gpufleet.health.models",  # every module here is imported; torch ones only when torch is installed
+    package=PACKAGE,  # every module here is imported; torch ones only when torch is installed
     optional=("torch", "lightgbm", "sklearn"),
 )
 #: the failure-model registry, under its public name
@@ -69,3 +75,28 @@ def model_factory(name: str) -> Callable[..., FailureModel]:
     """The factory (usually the class) registered as ``name``: model files name their classes this way."""
     _load_builtin()
     return _REGISTRY.get(name)
+
+
+def registered_name(cls: type) -> str | None:
+    """The name ``cls`` is registered under, None when it is no registered model (no module is imported)."""
+    name = getattr(cls, "name", None)
+    return name if isinstance(name, str) and _REGISTRY.registered(name) is cls else None
+
+
+def registered_model(name: str, module: str) -> Callable[..., FailureModel]:
+    """The model class registered as ``name`` by ``module``, importing that module only (so that reading a
+    LightGBM model does not import torch); ConfigError unless ``module`` is one of :data:`PACKAGE`'s and the
+    class registered under ``name`` is defined there."""
+    if not _MODULE.fullmatch(module):
+        raise ConfigError(f"'{module}' is not a module of {PACKAGE}")
+    try:
+        importlib.import_module(module)
+    except ImportError as exc:
+        top = (exc.name or "").split(".")[0]
+        if top in _REGISTRY.optional:
+            raise ConfigError(f"the '{name}' model needs {top}, which is not installed") from None
+        raise ConfigError(f"cannot import {module} ({type(exc).__name__}: {exc})") from None
+    factory = _REGISTRY.registered(name)
+    if factory is None or getattr(factory, "__module__", None) != module:
+        raise ConfigError(f"{module} registers no failure model '{name}'")
+    return factory

@@ -10,12 +10,17 @@ A model file is a zip archive (read with :mod:`zipfile`, never unpickled) of:
 
 A model's state is what ``__getstate__`` returns, as for pickle, so a new model made of plain data (numbers,
 strings, arrays, lists, dicts, other models) saves with no extra code. Loading builds objects only of classes
-the failure-model registry names, or the few value classes marked with :func:`plain_state`, without calling
-their constructors: nothing in a file names a function to run.
+the failure-model registry names (importing only the model module the file names, which must be one of
+``gpufleet.health.models``), or the few value classes marked with :func:`plain_state`, without calling their
+constructors: nothing in a file names a function to run. A state must hold every attribute an instance of its
+class has, and no attribute may hide a method. Every member is read with a size limit (no zip bomb expands).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import inspect
 import json
 import math
 import os
@@ -27,7 +32,8 @@ from typing import Any, TypeVar
 import numpy as np
 
 from gpufleet.errors import GpufleetError, HealthError
-from gpufleet.safeload import why_unreadable
+from gpufleet.health.models.base import PACKAGE
+from gpufleet.safeload import MiB, read_info, why_unreadable
 
 MANIFEST = "gpufleet-model.json"
 ARRAYS = "arrays.safetensors"
@@ -35,6 +41,12 @@ _PICKLE_MAGIC = b"\x80"  # pickle protocols 2 and later start with the PROTO opc
 _ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # fixed member times: the same model writes the same bytes
 _KINDS = "biuf"  # array dtypes a file may hold: bool, signed and unsigned integers, floats
 _PLAIN: dict[str, type] = {}
+# what a model file may expand to; real models are far smaller (the tests measure them: tens of KiB to MiBs)
+_MANIFEST_LIMIT = 64 * MiB
+_ARRAYS_LIMIT = 512 * MiB
+_TEXT_LIMIT = 256 * MiB  # each LightGBM booster's text
+_MAX_TEXTS = 64  # LightGBM boosters in one file
+_TOTAL_LIMIT = 1024 * MiB
 
 C = TypeVar("C", bound=type)
 
@@ -89,6 +101,9 @@ class _Encoder:
             return {"$lightgbm": key, "best_iteration": int(v.best_iteration)}
         name = _model_name(v)
         if name is not None:
+            module = type(v).__module__
+            if module.startswith(f"{PACKAGE}."):  # read back by importing that module only
+                return {"$model": name, "module": module, "state": self.state(v, where)}
             return {"$model": name, "state": self.state(v, where)}
         if _PLAIN.get(type(v).__qualname__) is type(v):
             return {"$object": type(v).__qualname__, "state": self.state(v, where)}
@@ -114,15 +129,9 @@ def _is_booster(v: Any) -> bool:
 
 def _model_name(v: Any) -> str | None:
     """The registered name of ``v``'s class, when ``v`` is a registered failure model."""
-    from gpufleet.health.models.base import model_factory
+    from gpufleet.health.models.base import registered_name
 
-    name = getattr(type(v), "name", None)
-    if not isinstance(name, str):
-        return None
-    try:
-        return name if model_factory(name) is type(v) else None
-    except GpufleetError:  # an unknown name: not a registered model
-        return None
+    return registered_name(type(v))
 
 
 # ------------------------------------------------------------------------------------------------ decode
@@ -168,7 +177,7 @@ class _Decoder:
             booster.best_iteration = int(t.get("best_iteration", 0))
             return booster
         if tag == "$model" and isinstance(body, str):
-            return self.build(_model_class(body), t.get("state"))
+            return self.build(_model_class(body, t.get("module")), t.get("state"))
         if tag == "$object" and body in _PLAIN:
             return self.build(_PLAIN[body], t.get("state"))
         raise ModelFileError(f"unknown or malformed entry {tag!r} in the model tree")
@@ -178,6 +187,7 @@ class _Decoder:
         values = self.value(state)
         if not isinstance(values, dict):
             raise ModelFileError(f"the state of a {cls.__name__} is not a dict")
+        _check_state(cls, values)
         obj = cls.__new__(cls)
         setstate: Callable[[dict], None] | None = getattr(obj, "__setstate__", None)
         if setstate is not None:
@@ -187,11 +197,39 @@ class _Decoder:
         return obj
 
 
-def _model_class(name: str) -> type:
-    from gpufleet.health.models.base import model_factory
+def _check_state(cls: type, state: dict) -> None:
+    """ModelFileError unless ``state`` holds every attribute of a ``cls`` and none that hides a method."""
+    missing = _state_keys(cls) - state.keys()
+    if missing:
+        raise ModelFileError(f"its {cls.__name__} lacks {', '.join(sorted(missing))}")
+    for key in state:
+        if not isinstance(key, str) or not key.isidentifier() or key.startswith("__"):
+            raise ModelFileError(f"its {cls.__name__} has an attribute named {key!r}")
+        attr = inspect.getattr_static(cls, key, None)
+        if callable(attr) or hasattr(type(attr), "__get__"):  # a method, property or other descriptor
+            raise ModelFileError(f"its {cls.__name__} has an attribute {key!r} that hides the class's own")
+
+
+@functools.cache
+def _state_keys(cls: type) -> frozenset[str]:
+    """The attributes every instance of ``cls`` has: a dataclass's fields, else the state of an instance made
+    with the default options (models set their fitted attributes, to None, in ``__init__``, as make_model does)."""
+    if dataclasses.is_dataclass(cls):
+        return frozenset(f.name for f in dataclasses.fields(cls))
+    try:
+        state = cls().__getstate__()
+    except Exception:  # a class that needs options: only the checks of its own methods apply
+        return frozenset()
+    return frozenset(state) if isinstance(state, dict) else frozenset()
+
+
+def _model_class(name: str, module: Any) -> type:
+    from gpufleet.health.models.base import model_factory, registered_model
 
     try:
-        cls = model_factory(name)
+        # files name the defining module (only one of gpufleet.health.models is imported); files of models
+        # registered from elsewhere (a test's stand-in) do not, and the registry's full discovery finds them
+        cls = model_factory(name) if module is None else registered_model(name, str(module))
     except GpufleetError as exc:  # an unknown name, e.g. a torch model without torch installed
         raise ModelFileError(f"it holds a '{name}' model, which this installation cannot build ({exc})") from None
     if not isinstance(cls, type):
@@ -212,12 +250,16 @@ def save_file(path: str | Path, fmt: str, content: Any) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zf:
-        members = {MANIFEST: manifest.encode(), ARRAYS: save_arrays(enc.arrays) if enc.arrays else b""}
-        members.update({name: text.encode() for name, text in enc.texts.items()})
-        for name, data in members.items():
-            zf.writestr(zipfile.ZipInfo(name, date_time=_ZIP_TIME), data, compress_type=zipfile.ZIP_DEFLATED)
-    os.replace(tmp, path)
+    members = {MANIFEST: manifest.encode(), ARRAYS: save_arrays(enc.arrays) if enc.arrays else b""}
+    members.update({name: text.encode() for name, text in enc.texts.items()})
+    try:
+        with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+            for name, data in members.items():
+                zf.writestr(zipfile.ZipInfo(name, date_time=_ZIP_TIME), data, compress_type=zipfile.ZIP_DEFLATED)
+        os.replace(tmp, path)
+    except BaseException:  # a full disk, an interrupt: no half-written file is left behind
+        tmp.unlink(missing_ok=True)
+        raise
     return path
 
 
@@ -239,12 +281,16 @@ def load_file(path: str | Path, what: str, check_format: Callable[[str], None]) 
         raise ModelFileError(f"{path}: not a {what}; write one with `gpufleet health train`")
     try:
         with zipfile.ZipFile(path) as zf:
-            manifest = json.loads(zf.read(MANIFEST))
+            read = _BoundedReader(zf)
+            manifest = json.loads(read(MANIFEST, _MANIFEST_LIMIT))
             if not isinstance(manifest, dict) or not isinstance(manifest.get("format"), str):
                 raise ModelFileError(f"its {MANIFEST} names no format")
             check_format(manifest["format"])
-            raw = zf.read(ARRAYS)
-            texts = {name: zf.read(name).decode() for name in zf.namelist() if name.startswith("lightgbm/")}
+            raw = read(ARRAYS, _ARRAYS_LIMIT)
+            names = sorted({name for name in zf.namelist() if name.startswith("lightgbm/")})
+            if len(names) > _MAX_TEXTS:
+                raise ModelFileError(f"it holds {len(names)} LightGBM models, more than the {_MAX_TEXTS} read")
+            texts = {name: read(name, _TEXT_LIMIT).decode() for name in names}
         from safetensors.numpy import load as load_arrays
 
         arrays = load_arrays(raw) if raw else {}
@@ -253,7 +299,23 @@ def load_file(path: str | Path, what: str, check_format: Callable[[str], None]) 
         raise ModelFileError(f"{path}: not a valid {what} ({exc}); write one with `gpufleet health train`") from None
     except HealthError:  # check_format's own message
         raise
-    except Exception as exc:  # a damaged member: zip, JSON, safetensors or LightGBM errors
+    except Exception as exc:  # a damaged or oversized member: zip, zlib, JSON, safetensors or LightGBM errors
         raise ModelFileError(
             f"{path}: not a valid {what} ({why_unreadable(exc)}); write one with `gpufleet health train`"
         ) from None
+
+
+class _BoundedReader:
+    """Reads members of one archive, each within its own limit and all within :data:`_TOTAL_LIMIT`."""
+
+    def __init__(self, zf: zipfile.ZipFile) -> None:
+        self.zf = zf
+        self.left = _TOTAL_LIMIT
+
+    def __call__(self, name: str, limit: int) -> bytes:
+        info = self.zf.getinfo(name)
+        if info.file_size > self.left:
+            raise ModelFileError(f"its members expand to more than {_TOTAL_LIMIT // MiB} MiB in all")
+        data = read_info(self.zf, info, min(limit, self.left))
+        self.left -= len(data)
+        return data
