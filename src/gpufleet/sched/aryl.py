@@ -46,7 +46,7 @@ class ArylPolicy(Policy):
     # -- phase 1 ---------------------------------------------------------------------------------
     def waiting_key(self, j: int, now: float) -> float:
         """Shortest (remaining) job first, by the oracle duration at base demand."""
-        return self.sim.remaining[j]  # type: ignore[union-attr]
+        return self.sim.remaining[j]
 
     # -- phase 2 ---------------------------------------------------------------------------------
     def extra_workers(

@@ -14,4 +14,4 @@ class Fifo(Policy):
     blocking = True
 
     def waiting_key(self, j: int, now: float) -> float:
-        return self.sim.submit[j]  # type: ignore[union-attr]
+        return self.sim.submit[j]

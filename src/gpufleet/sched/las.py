@@ -25,10 +25,10 @@ class LeastAttainedService(Policy):
     options: ClassVar[dict[str, float | str]] = {"quantum_gpu_s": 3600.0}
 
     def waiting_key(self, j: int, now: float) -> float:
-        return self.sim.attained[j]  # type: ignore[union-attr]
+        return self.sim.attained[j]
 
     def running_key(self, j: int, now: float) -> float:
-        return self.sim.attained_now(j, now) - float(self.opts["quantum_gpu_s"])  # type: ignore[union-attr]
+        return self.sim.attained_now(j, now) - float(self.opts["quantum_gpu_s"])
 
     def should_preempt(self, victim_key: float, waiting_key: float) -> bool:
         return victim_key >= waiting_key - 1e-9
@@ -44,9 +44,9 @@ class LeastAttainedService(Policy):
 
     def on_start(self, j: int, now: float) -> None:
         sim = self.sim
-        g = sim.gpus[j]  # type: ignore[union-attr]
-        self._base[j] = now + (self._quantum - sim.attained[j]) / g  # type: ignore[union-attr]
-        self._offset[j] = sim.attained[j] - now * g  # type: ignore[union-attr]
+        g = sim.gpus[j]
+        self._base[j] = now + (self._quantum - sim.attained[j]) / g
+        self._offset[j] = sim.attained[j] - now * g
 
     def running_keys(self, jobs: np.ndarray, now: float) -> np.ndarray:
         # attained(now) = attained at start + (now - start) * gpus = offset + now * gpus
@@ -55,10 +55,10 @@ class LeastAttainedService(Policy):
     def next_wakeup(self, now: float) -> float | None:
         """The next time a running job's lead over the best waiting job reaches the quantum (vectorised)."""
         sim = self.sim
-        best = sim.best_waiting_key()  # type: ignore[union-attr]
+        best = sim.best_waiting_key()
         if best is None:
             return None
-        running = sim.running_jobs()  # type: ignore[union-attr]
+        running = sim.running_jobs()
         if not running:
             return None
         idx = np.fromiter(running, dtype=np.int64, count=len(running))

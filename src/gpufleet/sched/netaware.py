@@ -43,16 +43,16 @@ class CandidatePolicy(Policy):
     def waiting_key(self, j: int, now: float) -> float:
         sim = self.sim
         if self._order == "srtf":
-            return sim.remaining[j]  # type: ignore[union-attr]
+            return sim.remaining[j]
         if self._order == "srsf":
-            return sim.remaining[j] * sim.gpus[j]  # type: ignore[union-attr]
+            return sim.remaining[j] * sim.gpus[j]
         if self._order == "las":
-            return sim.attained[j]  # type: ignore[union-attr]
-        return sim.submit[j]  # type: ignore[union-attr]
+            return sim.attained[j]
+        return sim.submit[j]
 
     def place(self, j: int, p: int, part: Any) -> list[tuple[int, int]] | None:
         sim = self.sim
-        cands = candidate_placements(part, sim.gpus[j], sim.network, p)  # type: ignore[union-attr]
+        cands = candidate_placements(part, sim.gpus[j], sim.network, p)
         if not any(c is not None for c in cands):
             return None
         idx = self.choose(j, p, part, cands)
@@ -67,11 +67,11 @@ class CandidatePolicy(Policy):
     def scores(self, j: int, p: int, cands: list) -> list[tuple[float, float, float] | None]:
         """Per candidate: (job speed, contention ratio, speed taken from others) if it started there now."""
         sim = self.sim
-        net = sim.network  # type: ignore[union-attr]
+        net = sim.network
         out: list[tuple[float, float, float] | None] = []
-        g = sim.gpus[j]  # type: ignore[union-attr]
-        fewest = sim.parts[p].ideal_nodes(g)  # type: ignore[union-attr]
-        penalty = sim.config.placement_penalty  # type: ignore[union-attr]
+        g = sim.gpus[j]
+        fewest = sim.parts[p].ideal_nodes(g)
+        penalty = sim.config.placement_penalty
         for c in cands:
             if c is None:
                 out.append(None)
@@ -106,8 +106,8 @@ class ContentionHeuristic(CandidatePolicy):
     options: ClassVar[dict[str, float | str]] = {"order": "srtf", "wait_below": 0.0}
 
     def choose(self, j: int, p: int, part: Any, cands: list) -> int | None:
-        best, speed = least_cost(self.scores(j, p, cands), self.sim.gpus[j])  # type: ignore[union-attr]
-        if best is not None and speed < float(self.opts["wait_below"]) and self.sim.n_running > 0:  # type: ignore[union-attr]
+        best, speed = least_cost(self.scores(j, p, cands), self.sim.gpus[j])
+        if best is not None and speed < float(self.opts["wait_below"]) and self.sim.n_running > 0:
             return None  # wait for a faster placement; only while something runs, so that an event will come
         return best
 

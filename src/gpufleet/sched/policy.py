@@ -50,7 +50,9 @@ class Policy:
             known = ", ".join(sorted(self.options)) or "none"
             raise ConfigError(f"policy '{self.name}' has no option {', '.join(unknown)} (its options: {known})")
         self.opts: dict[str, Any] = {**self.options, **opts}
-        self.sim: SimView | None = None
+
+    #: the simulator's read-only view, set by :meth:`bind` before any key is asked for (unset until then)
+    sim: SimView
 
     def bind(self, sim: SimView) -> None:
         """Attach to the simulator whose job arrays the keys read."""
@@ -93,8 +95,8 @@ class Policy:
         The default is the run's placement setting (fewest nodes with best fit, or spread); network-aware
         policies override it to choose among candidate node sets.
         """
-        cfg = self.sim.config  # type: ignore[union-attr]
-        return part.allocate(self.sim.gpus[j], cfg.placement, cfg.strict_placement)  # type: ignore[union-attr]
+        cfg = self.sim.config
+        return part.allocate(self.sim.gpus[j], cfg.placement, cfg.strict_placement)
 
     # -- hooks -----------------------------------------------------------------------------------
     def on_start(self, j: int, now: float) -> None:

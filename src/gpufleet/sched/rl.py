@@ -112,7 +112,7 @@ class LearnedPlacement(CandidatePolicy):
         sim = self.sim
         scores = self.scores(j, p, cands)
         obs = observe(sim, j, p, part, cands, scores)
-        mask = action_mask(cands, can_wait=sim.n_running > 0)  # type: ignore[union-attr]
+        mask = action_mask(cands, can_wait=sim.n_running > 0)
         action = self._act(obs, mask)
         self.decisions += 1
         if action == WAIT and mask[WAIT]:
@@ -124,4 +124,4 @@ class LearnedPlacement(CandidatePolicy):
             self.delegated += 1
         else:
             self.fallbacks += 1
-        return least_cost(scores, sim.gpus[j])[0]  # type: ignore[union-attr]
+        return least_cost(scores, sim.gpus[j])[0]

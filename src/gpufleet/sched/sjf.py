@@ -13,4 +13,4 @@ class ShortestJobFirst(Policy):
     summary = "shortest job first by oracle duration; non-preemptive, backfills jobs that fit"
 
     def waiting_key(self, j: int, now: float) -> float:
-        return self.sim.duration[j]  # type: ignore[union-attr]
+        return self.sim.duration[j]

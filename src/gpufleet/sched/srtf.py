@@ -14,16 +14,16 @@ class ShortestRemainingTimeFirst(Policy):
     preemptive = True
 
     def waiting_key(self, j: int, now: float) -> float:
-        return self.sim.remaining[j]  # type: ignore[union-attr]
+        return self.sim.remaining[j]
 
     def running_key(self, j: int, now: float) -> float:
         sim = self.sim
-        return sim.remaining[j] - sim.progress_now(j, now)  # type: ignore[union-attr]
+        return sim.remaining[j] - sim.progress_now(j, now)
 
     def running_order_key(self, j: int, now: float) -> float:
         # ordered like the remaining time: the expected completion time (fixed while the speed is; with --network
         # the simulator re-pushes a job whose speed changes)
-        return self.sim.expected_finish[j]  # type: ignore[union-attr]
+        return self.sim.expected_finish[j]
 
     # A job slowed by its placement or by contention (speed <= 1) has more time than work left, so the remaining
     # time bounds the remaining work, and it is what the heap is ordered by: a slowed job at the top whose work
@@ -31,4 +31,4 @@ class ShortestRemainingTimeFirst(Policy):
     bounded_running_key = True
 
     def running_bound(self, j: int, now: float) -> float:
-        return self.sim.expected_finish[j] - now  # type: ignore[union-attr]
+        return self.sim.expected_finish[j] - now

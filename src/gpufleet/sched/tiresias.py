@@ -58,16 +58,16 @@ class Tiresias(Policy):
         self.promotions = 0
 
     def waiting_key(self, j: int, now: float) -> float:
-        return self.queue[j] * _QUEUE_SPAN + self.sim.submit[j]  # type: ignore[union-attr]
+        return self.queue[j] * _QUEUE_SPAN + self.sim.submit[j]
 
     def _arm_demotion(self, j: int, now: float) -> None:
         q = self.queue[j]
         if q >= len(self.thresholds):
             return
         sim = self.sim
-        used = sim.attained_now(j, now) - self.base[j]  # type: ignore[union-attr]
+        used = sim.attained_now(j, now) - self.base[j]
         left = self.thresholds[q] - used
-        sim.add_timer(now + max(left, 0.0) / sim.gpus[j], j, _DEMOTE)  # type: ignore[union-attr]
+        sim.add_timer(now + max(left, 0.0) / sim.gpus[j], j, _DEMOTE)
 
     def on_start(self, j: int, now: float) -> None:
         self._arm_demotion(j, now)
@@ -77,16 +77,16 @@ class Tiresias(Policy):
         # A job below queue 0 has run at least thresholds[0] / gpus seconds, so the wait is never zero.
         sim = self.sim
         if self.queue[j] > 0 and self.knob > 0:
-            sim.add_timer(now + self.knob * sim.held_s[j], j, _PROMOTE)  # type: ignore[union-attr]
+            sim.add_timer(now + self.knob * sim.held_s[j], j, _PROMOTE)
 
     def on_timer(self, j: int, tag: int, now: float) -> None:
         sim = self.sim
         if tag == _DEMOTE:
             self.queue[j] += 1
-            sim.rekey_running(j)  # type: ignore[union-attr]
+            sim.rekey_running(j)
             self._arm_demotion(j, now)
         else:
             self.queue[j] = 0
-            self.base[j] = sim.attained[j]  # type: ignore[union-attr]
+            self.base[j] = sim.attained[j]
             self.promotions += 1
-            sim.rekey_waiting(j)  # type: ignore[union-attr]
+            sim.rekey_waiting(j)
