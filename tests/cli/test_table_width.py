@@ -25,6 +25,7 @@ ROW = {
     "avg_queue_s": 196_200.0,
     "p95_queue_s": 423_000.0,
     "gpu_util": 0.668,
+    "util_window": 0.912,
     "usage": 0.429,
     "makespan_s": 9.4e6,
     "preemptions": 351_011,
@@ -55,8 +56,9 @@ def test_default_summary_fits_100_columns_uncut():
 
 def test_wide_summary_has_every_column():
     text = "\n".join(_render(summary_table([ROW], "t", wide=True), width=250))
-    for heading in ("p95 queue", "makespan", "lost GPU-h", "loaned GPU-h", "reclaims", "scale events", "wall"):
+    for heading in ("p95 queue", "util window", "makespan", "lost GPU-h", "loaned GPU-h", "reclaims", "wall"):
         assert heading in text
+    assert "scale events" in text and "91.2 %" in text
     assert "463,530" in text and "13.70 s" in text and "--wide" not in text
 
 

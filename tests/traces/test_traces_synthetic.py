@@ -7,11 +7,21 @@ import math
 import numpy as np
 import polars as pl
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from polars.testing import assert_frame_equal
 from scipy import stats
 
 from gpufleet.errors import TraceError
-from gpufleet.traces import POLARS_SCHEMA, arrival_profile, generate_jobs, mean_duration_s, rate_for_load
+from gpufleet.traces import (
+    POLARS_SCHEMA,
+    arrival_profile,
+    generate_jobs,
+    mean_duration_s,
+    plan_load,
+    rate_for_load,
+    window_load,
+)
 from gpufleet.traces import synthetic as syn
 
 
@@ -105,10 +115,70 @@ def test_rate_for_load_is_littles_law() -> None:
 
 
 def test_target_busy_gpus_loads_the_cluster() -> None:
-    # Durations with a light tail so that the sample mean is tight.
+    # Durations with a light tail so that the sample mean is tight; the GPU-time inside the arrival window
+    # (what util_window measures on a cluster that never queues) is the target.
     jobs = generate_jobs(300_000, seed=11, target_busy_gpus=5_000, duration_sigma=1.0, gpu_mix={1: 0.7, 8: 0.3})
-    busy = (jobs["duration_s"] * jobs["num_gpus"]).sum() / jobs["submit_s"].max()
-    assert busy == pytest.approx(5_000, rel=0.03)
+    assert window_load(jobs, 5_000) == pytest.approx(1.0, rel=0.03)
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    n=st.sampled_from([20_000, 50_000, 100_000]),
+    jobs_per_gpu=st.sampled_from([5, 10, 20]),
+    load=st.floats(0.3, 0.95),
+    dist=st.sampled_from(["lognormal", "pareto"]),
+    seed=st.integers(0, 1_000),
+)
+def test_offered_load_over_the_arrival_window_is_the_target(
+    n: int, jobs_per_gpu: int, load: float, dist: str, seed: int
+) -> None:
+    gpus = n // jobs_per_gpu
+    jobs = generate_jobs(n, seed=seed, target_busy_gpus=load * gpus, duration_dist=dist)
+    assert window_load(jobs, gpus) == pytest.approx(load, rel=0.06)
+
+
+@pytest.mark.parametrize(("n", "gpus", "load"), [(1_000_000, 100_000, 0.8), (100_000, 10_000, 0.5)])
+def test_the_documented_load_plans(n: int, gpus: int, load: float) -> None:
+    plan = plan_load(n, load * gpus)
+    jobs = generate_jobs(n, seed=0, target_busy_gpus=load * gpus)
+    window = float(jobs["submit_s"].max() - jobs["submit_s"].min())
+    assert window == pytest.approx(plan.window_s, rel=0.01)
+    assert window_load(jobs, gpus) == pytest.approx(load, rel=0.02)
+    assert jobs["duration_s"].mean() == pytest.approx(plan.mean_duration_s, rel=0.03)
+    # once warm, Little's law: rate x E[gpus] x E[bounded duration], above the window mean by the ramp
+    assert plan.steady_busy_gpus == pytest.approx(plan.rate_per_hour / 3600 * 107_235 / 82_247 * plan.mean_duration_s)
+    assert load * gpus < plan.steady_busy_gpus < 1.15 * load * gpus
+
+
+@pytest.mark.parametrize("dist", ["lognormal", "pareto"])
+def test_the_duration_tail_is_bounded_by_the_window(dist: str) -> None:
+    plan = plan_load(100_000, 8_000, duration_dist=dist)
+    jobs = generate_jobs(100_000, seed=4, target_busy_gpus=8_000, duration_dist=dist)
+    assert plan.max_duration_s == pytest.approx(syn.MAX_WINDOW_SHARE * plan.window_s)
+    assert pytest.approx(4_628_226 / (108.896875 * 86_400)) == syn.MAX_WINDOW_SHARE  # Philly's longest job / window
+    durations = jobs["duration_s"].to_numpy()
+    assert durations.max() <= plan.max_duration_s
+    # resampled, not clipped: no pile-up at the bound, and below it the shape is the unbounded one's
+    assert (durations > 0.999 * plan.max_duration_s).mean() < 0.001
+    free = generate_jobs(100_000, seed=4, duration_dist=dist)["duration_s"].to_numpy()
+    inside = free[free <= plan.max_duration_s]
+    assert np.median(inside) == pytest.approx(np.median(durations), rel=0.03)
+
+
+def test_a_narrow_window_bounds_tighter() -> None:
+    wide = plan_load(100_000, 8_000)
+    narrow = plan_load(100_000, 8_000, window_share=0.3)
+    assert narrow.max_duration_s < wide.max_duration_s and narrow.window_s < wide.window_s
+    jobs = generate_jobs(100_000, seed=2, target_busy_gpus=8_000, window_share=0.3)
+    assert jobs["duration_s"].max() <= narrow.max_duration_s
+    assert window_load(jobs, 8_000) == pytest.approx(1.0, rel=0.03)
+
+
+def test_too_few_jobs_for_the_load_is_one_clear_error() -> None:
+    with pytest.raises(TraceError, match=r"cannot keep 8,000 GPUs busy.*at least [\d,]+ jobs"):
+        generate_jobs(1_000, target_busy_gpus=8_000)
+    with pytest.raises(TraceError, match="window_share"):
+        plan_load(1_000, 10, window_share=1.5)
 
 
 def test_fitted_arrivals_follow_the_profile() -> None:

@@ -18,6 +18,7 @@ from gpufleet.report.fmt import clean_json, format_span
 __all__ = ["failure_table", "policies", "simulate", "split_policies", "summary_table"]
 
 #: Columns of the summary table shown without ``--wide`` (fit 100 columns with any policy name).
+#: ``util window`` (utilisation between the first and last submission) does not fit beside them: --wide shows it.
 DEFAULT_COLUMNS = ("policy", "jobs", "avg JCT", "p99 JCT", "avg queue", "GPU util", "usage", "preempt.")
 #: Columns of the failure table shown without ``--wide``.
 DEFAULT_FAILURE_COLUMNS = ("policy", "predictor", "failures", "interruptions", "lost GPU-h", "avoided", "avg JCT")
@@ -362,6 +363,7 @@ def summary_table(summaries: list[dict[str, Any]], title: str, wide: bool = True
         "avg queue",
         "p95 queue",
         "GPU util",
+        "util window",
         "makespan",
         "preempt.",
         "lost GPU-h",
@@ -370,7 +372,7 @@ def summary_table(summaries: list[dict[str, Any]], title: str, wide: bool = True
     with_usage = any("usage" in s for s in summaries)
     with_aryl = any("reclaims" in s for s in summaries)
     if with_usage:
-        cols.insert(7, "usage")
+        cols.insert(8, "usage")
     if with_aryl:
         cols[-1:-1] = ["loaned GPU-h", "reclaims", "reclaim preempt.", "scale events"]
     with_net = any("contention_gpu_h" in s for s in summaries)
@@ -386,12 +388,13 @@ def summary_table(summaries: list[dict[str, Any]], title: str, wide: bool = True
             format_span(s["avg_queue_s"]),
             format_span(s["p95_queue_s"]),
             f"{100 * s['gpu_util']:.1f} %",
+            f"{100 * s['util_window']:.1f} %" if "util_window" in s else "-",
             format_span(s["makespan_s"]),
             f"{s['preemptions']:,}",
             f"{s['lost_work_gpu_h']:,.0f}",
         ]
         if with_usage:
-            row.insert(7, f"{100 * s['usage']:.1f} %" if "usage" in s else "-")
+            row.insert(8, f"{100 * s['usage']:.1f} %" if "usage" in s else "-")
         if with_aryl:
             row += (
                 [

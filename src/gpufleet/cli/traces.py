@@ -98,7 +98,13 @@ def traces_generate(
     output: Annotated[Path, typer.Option("-o", "--output", help="Output file (.parquet or .csv).")],
     jobs: Annotated[int, typer.Option("-n", "--jobs", help="Number of jobs.")] = 100_000,
     gpus: Annotated[int | None, typer.Option(help="Cluster size the arrival rate is chosen for (with --load).")] = None,
-    load: Annotated[float, typer.Option(help="Target average share of --gpus kept busy.")] = 0.8,
+    load: Annotated[
+        float,
+        typer.Option(
+            help="Share of --gpus kept busy on average between the first and last submission; durations are "
+            "resampled to at most 0.49 of that window, as in Philly (docs/traces.md)."
+        ),
+    ] = 0.8,
     rate: Annotated[float | None, typer.Option(help="Arrivals per hour (overrides --gpus/--load).")] = None,
     arrival: Annotated[str, typer.Option(help="poisson, or fitted (Philly's daily and weekly profile).")] = "poisson",
     seed: Annotated[int, typer.Option(help="Random seed (same seed, same trace).")] = 0,

@@ -1,4 +1,7 @@
-"""The summary row of a run: JCT and queueing statistics, utilisation, makespan, preemptions."""
+"""The summary row of a run: JCT and queueing statistics, utilisation, makespan, preemptions.
+
+Both engines build their summary here, so a metric added to :func:`summarize` reaches every run.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +17,19 @@ def time_weighted_mean(time_s: np.ndarray, value: np.ndarray, start: float, end:
         return 0.0
     t = np.clip(np.append(time_s, end), start, end)
     return float(np.sum(value * np.diff(t)) / (end - start))
+
+
+def util_window(jobs: pl.DataFrame, timeline: pl.DataFrame, total_gpus: int) -> float:
+    """GPU utilisation between the first and the last submission: time-weighted busy GPUs / ``total_gpus``.
+
+    Unlike ``gpu_util`` (to the last finish) it does not fall with a long drain after the last arrival, so
+    it shows whether the arrivals kept the cluster loaded. 0 when the submissions span no time.
+    """
+    if not total_gpus or jobs.height == 0 or timeline.height == 0:
+        return 0.0
+    first, last = float(jobs["submit_s"].min()), float(jobs["submit_s"].max())
+    t, busy = timeline["time_s"].to_numpy(), timeline["busy_gpus"].to_numpy()
+    return time_weighted_mean(t, busy, first, last) / total_gpus
 
 
 def _pct(x: np.ndarray, q: float) -> float:
@@ -48,6 +64,7 @@ def summarize(
         "p95_queue_s": _pct(queue, 95),
         "p99_queue_s": _pct(queue, 99),
         "gpu_util": util,
+        "util_window": util_window(jobs, timeline, total_gpus),
         "makespan_s": makespan,
         "preemptions": int(jobs["preemptions"].sum()),
         "lost_work_gpu_h": float(meta.get("lost_work_gpu_s", 0.0)) / 3600.0,

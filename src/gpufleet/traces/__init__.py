@@ -24,7 +24,9 @@ if TYPE_CHECKING:
         arrival_profile,
         generate_jobs,
         mean_duration_s,
+        plan_load,
         rate_for_load,
+        window_load,
     )
 
 _EXPORTS = {
@@ -47,6 +49,8 @@ _EXPORTS = {
     "generate_jobs": "synthetic",
     "mean_duration_s": "synthetic",
     "rate_for_load": "synthetic",
+    "plan_load": "synthetic",
+    "window_load": "synthetic",
     "InferenceLoad": "inference",
     "genai_load": "inference",
     "diurnal_load": "inference",
@@ -73,11 +77,13 @@ __all__ = [
     "load_trace",
     "mean_duration_s",
     "parse_columns",
+    "plan_load",
     "rate_for_load",
     "read_load_csv",
     "reader_names",
     "register_reader",
     "trace_info",
+    "window_load",
     "write_trace",
 ]
 

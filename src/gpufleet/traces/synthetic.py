@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
 
@@ -58,6 +59,10 @@ PARETO_SCALE_S = 378.4379
 #: Samples are clipped to Philly's observed duration range: 1 s to 4,628,226 s (53.6 days).
 MIN_DURATION_S = 1.0
 MAX_DURATION_S = 4_628_226.0
+
+#: Philly's longest job ran 4,628,226 s of its 108.9-day submit window: 0.4919 of it. With a target load
+#: the generator keeps that ratio: no duration exceeds this share of the arrival window (see plan_load).
+MAX_WINDOW_SHARE = MAX_DURATION_S / (PHILLY_SPAN_DAYS * 86_400.0)
 
 ARRIVALS = ("poisson", "fitted")
 DURATION_DISTS = ("lognormal", "pareto")
@@ -130,6 +135,143 @@ def rate_for_load(
     if not (math.isfinite(duration) and duration > 0):
         raise TraceError(f"mean_duration must be a positive number of seconds, got {mean_duration}")
     return target_busy_gpus / (mean_gpus * duration) * _HOUR
+
+
+def _power_integral(p: float, y0: float, y1: float) -> float:
+    """Integral of y**p from y0 to y1."""
+    if abs(p + 1.0) < 1e-12:
+        return math.log(y1 / y0)
+    return (y1 ** (p + 1.0) - y0 ** (p + 1.0)) / (p + 1.0)
+
+
+def _bounded_moment(
+    k: int,
+    bound: float,
+    duration_dist: str,
+    *,
+    duration_mu: float,
+    duration_sigma: float,
+    pareto_shape: float,
+    pareto_scale_s: float,
+    min_duration_s: float,
+) -> float:
+    """E[max(X, min)^k | X <= bound] for k in (1, 2): the moments of the durations drawn under a load plan."""
+    a, b = min_duration_s, bound
+    if duration_dist == "lognormal":
+        mu, s = duration_mu, duration_sigma
+        za, zb = (math.log(a) - mu) / s, (math.log(b) - mu) / s
+        below, inside = _normal_cdf(za), _normal_cdf(zb)
+        part = math.exp(k * mu + k * k * s * s / 2.0) * (_normal_cdf(zb - k * s) - _normal_cdf(za - k * s))
+    else:
+        # Lomax density shape/scale * y**-(shape+1) with y = 1 + x/scale; x = scale * (y - 1).
+        sh, lam = pareto_shape, pareto_scale_s
+        ya, yb = 1.0 + a / lam, 1.0 + b / lam
+        below, inside = 1.0 - ya**-sh, 1.0 - yb**-sh
+        if k == 1:
+            part = lam * sh * (_power_integral(-sh, ya, yb) - _power_integral(-sh - 1.0, ya, yb))
+        else:
+            terms = _power_integral(1.0 - sh, ya, yb) - 2.0 * _power_integral(-sh, ya, yb)
+            part = lam * lam * sh * (terms + _power_integral(-sh - 1.0, ya, yb))
+    return (a**k * below + part) / inside
+
+
+@dataclass(frozen=True)
+class LoadPlan:
+    """How a target load is met: arrival rate, expected arrival window and the bound on durations."""
+
+    rate_per_hour: float
+    window_s: float  # expected span from the first to the last submit (n_jobs / rate)
+    max_duration_s: float  # no duration exceeds this: window_share x window_s (or the clip, if lower)
+    mean_duration_s: float  # mean of the bounded durations
+    steady_busy_gpus: float  # busy GPUs once warm (after max_duration_s), above the window's mean by the ramp
+
+
+def plan_load(
+    n_jobs: int,
+    target_busy_gpus: float,
+    gpu_mix: Mapping[int, float] | None = None,
+    duration_dist: str = "lognormal",
+    *,
+    window_share: float = MAX_WINDOW_SHARE,
+    duration_mu: float = LOGNORMAL_MU,
+    duration_sigma: float = LOGNORMAL_SIGMA,
+    pareto_shape: float = PARETO_SHAPE,
+    pareto_scale_s: float = PARETO_SCALE_S,
+    min_duration_s: float = MIN_DURATION_S,
+    max_duration_s: float = MAX_DURATION_S,
+) -> LoadPlan:
+    """Rate and duration bound at which ``n_jobs`` keep ``target_busy_gpus`` busy on average over their window.
+
+    Durations are drawn from the distribution conditioned on ``X <= window_share x window`` (a resample of
+    the tail, not a clip), so that the work lands inside the window. The window T solves
+    ``n x E[num_gpus] x (E[D] - E[D^2] / (2T)) = target x T``: the GPU-time inside [0, T] of jobs submitted
+    uniformly over it and started at once (the second term is the work that spills past T). Raises
+    TraceError when even durations bounded at the distribution's median cannot fill the window.
+    """
+    if not (math.isfinite(target_busy_gpus) and target_busy_gpus > 0):
+        raise TraceError(f"target_busy_gpus must be a positive number, got {target_busy_gpus}")
+    if not (math.isfinite(window_share) and 0 < window_share <= 1):
+        raise TraceError(f"window_share must be in (0, 1], got {window_share}")
+    if duration_dist not in DURATION_DISTS:
+        raise TraceError(f"unknown duration_dist '{duration_dist}'; use one of: {', '.join(DURATION_DISTS)}")
+    sizes, probs = _mix_arrays(gpu_mix)
+    mean_gpus = float((sizes * probs).sum())
+    args = dict(
+        duration_mu=duration_mu,
+        duration_sigma=duration_sigma,
+        pareto_shape=pareto_shape,
+        pareto_scale_s=pareto_scale_s,
+        min_duration_s=min_duration_s,
+    )
+
+    def bound_at(window: float) -> float:
+        return min(max(window_share * window, min_duration_s), max_duration_s)
+
+    def load_at(window: float) -> float:  # busy GPUs over [0, window]; decreases as the window grows
+        b = bound_at(window)
+        m1 = _bounded_moment(1, b, duration_dist, **args)
+        m2 = _bounded_moment(2, b, duration_dist, **args)
+        return n_jobs * mean_gpus * (m1 - m2 / (2.0 * window)) / window
+
+    if duration_dist == "lognormal":
+        median = math.exp(duration_mu)
+    else:
+        median = pareto_scale_s * (2.0 ** (1.0 / pareto_shape) - 1.0)
+    median = min(max(median, min_duration_s), max_duration_s)
+    lo = median / window_share
+    if n_jobs <= 0 or load_at(lo) < target_busy_gpus:
+        need = math.ceil(n_jobs * target_busy_gpus / load_at(lo)) if n_jobs > 0 else 2
+        raise TraceError(
+            f"{n_jobs:,} jobs cannot keep {target_busy_gpus:,.0f} GPUs busy over their arrival window without "
+            f"cutting durations below the median ({median:,.0f} s); generate at least {need:,} jobs or ask for "
+            "a lower load"
+        )
+    hi = 2.0 * lo
+    while load_at(hi) > target_busy_gpus:
+        hi *= 2.0
+    for _ in range(100):  # bisection in log space: relative precision far below 1e-9
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if load_at(mid) > target_busy_gpus else (lo, mid)
+    window = math.sqrt(lo * hi)
+    bound = bound_at(window)
+    mean = _bounded_moment(1, bound, duration_dist, **args)
+    rate_s = n_jobs / window
+    return LoadPlan(rate_s * _HOUR, window, bound, mean, rate_s * mean_gpus * mean)
+
+
+def window_load(jobs: pl.DataFrame, gpus: float) -> float:
+    """Offered load over the arrival window: GPU-time inside [first, last submit] of jobs started at submit.
+
+    This is what a run's ``util_window`` would be on a cluster that never queues; ``plan_load`` targets it.
+    """
+    if jobs.height < 2 or gpus <= 0:
+        return 0.0
+    submit = jobs["submit_s"].to_numpy()
+    first, last = float(submit.min()), float(submit.max())
+    if last <= first:
+        return 0.0
+    inside = np.minimum(jobs["duration_s"].to_numpy(), last - submit)
+    return float((inside * jobs["num_gpus"].to_numpy()).sum()) / (gpus * (last - first))
 
 
 def arrival_profile(
@@ -217,6 +359,7 @@ def generate_jobs(
     pareto_scale_s: float = PARETO_SCALE_S,
     min_duration_s: float = MIN_DURATION_S,
     max_duration_s: float = MAX_DURATION_S,
+    window_share: float = MAX_WINDOW_SHARE,
     gpu_mix: Mapping[int, float] | None = None,
     vc: str | None = None,
     kind: str = "train",
@@ -226,7 +369,8 @@ def generate_jobs(
 
     Arrivals: "poisson" (constant rate) or "fitted" (hour-of-week profile of ``fit``, default the
     bundled Philly trace; ``weekly=False`` uses hour of day only). Rate: ``rate_per_hour``, or
-    ``target_busy_gpus`` (via :func:`rate_for_load`), else Philly's 31.47/h (or the fit trace's mean).
+    ``target_busy_gpus`` (via :func:`plan_load`: that many GPUs busy on average over the arrival window,
+    durations resampled to at most ``window_share`` of it), else Philly's 31.47/h (or the fit trace's mean).
     Durations: clipped lognormal or Pareto II; sizes drawn from ``gpu_mix`` (default Philly's).
     """
     if isinstance(n_jobs, bool) or not isinstance(n_jobs, int | np.integer) or n_jobs < 0:
@@ -259,9 +403,11 @@ def generate_jobs(
     else:
         _check_positive("pareto_shape", pareto_shape)
         _check_positive("pareto_scale_s", pareto_scale_s)
-    if target_busy_gpus is not None:
+    bound = None
+    if target_busy_gpus is not None and n_jobs > 0:
         mix = dict(zip(sizes.tolist(), probs.tolist(), strict=True))
-        rate_per_hour = rate_for_load(target_busy_gpus, mix, mean_duration_s(duration_dist, **dist_args))
+        plan = plan_load(n_jobs, target_busy_gpus, mix, duration_dist, window_share=window_share, **dist_args)
+        rate_per_hour, bound = plan.rate_per_hour, plan.max_duration_s
 
     rng = np.random.default_rng(seed)
     if arrival == "fitted":
@@ -279,10 +425,18 @@ def generate_jobs(
         _check_positive("rate_per_hour", rate)
         submit = np.cumsum(rng.exponential(_HOUR / rate, n_jobs))
     num_gpus = rng.choice(sizes, size=n_jobs, p=probs)
-    if duration_dist == "lognormal":
-        duration = rng.lognormal(duration_mu, duration_sigma, n_jobs)
-    else:
-        duration = pareto_scale_s * rng.pareto(pareto_shape, n_jobs)
+
+    def draw(count: int) -> np.ndarray:
+        if duration_dist == "lognormal":
+            return rng.lognormal(duration_mu, duration_sigma, count)
+        return pareto_scale_s * rng.pareto(pareto_shape, count)
+
+    duration = draw(n_jobs)
+    if bound is not None:  # resample the tail above the bound: the distribution conditioned on X <= bound
+        over = np.flatnonzero(duration > bound)
+        while over.size:
+            duration[over] = draw(over.size)
+            over = over[duration[over] > bound]
     duration = np.clip(duration, min_duration_s, max_duration_s)
 
     return jobs_from_arrays(
