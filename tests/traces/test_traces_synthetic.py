@@ -7,7 +7,7 @@ import math
 import numpy as np
 import polars as pl
 import pytest
-from hypothesis import given, settings
+from hypothesis import given, reject, settings
 from hypothesis import strategies as st
 from polars.testing import assert_frame_equal
 from scipy import stats
@@ -133,7 +133,10 @@ def test_offered_load_over_the_arrival_window_is_the_target(
     n: int, jobs_per_gpu: int, load: float, dist: str, seed: int
 ) -> None:
     gpus = n // jobs_per_gpu
-    jobs = generate_jobs(n, seed=seed, target_busy_gpus=load * gpus, duration_dist=dist)
+    try:
+        jobs = generate_jobs(n, seed=seed, target_busy_gpus=load * gpus, duration_dist=dist)
+    except TraceError:  # too few jobs for that load (tested on its own below): not a case of this property
+        reject()
     assert window_load(jobs, gpus) == pytest.approx(load, rel=0.06)
 
 
