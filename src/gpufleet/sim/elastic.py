@@ -26,13 +26,14 @@ from gpufleet.sched.aryl import ArylPolicy
 from gpufleet.sched.reclaim import ReclaimInstance
 from gpufleet.sim.config import SimConfig
 from gpufleet.sim.elastic_jobs import ElasticConfig, assign_elastic, loan_speed_from_catalog
+from gpufleet.sim.frames import job_frame, timeline_frame
+from gpufleet.sim.jobstate import DONE, PENDING, RUNNING, UNSCHEDULABLE, WAITING, checkpoint_kept
 from gpufleet.sim.metrics import summarize, time_weighted_mean
 from gpufleet.sim.result import SimResult
 from gpufleet.sim.scaling import PowerLawCurve, ScalingCurve
 from gpufleet.sim.servers import HELD, LOANED, TRAINING, Servers
 from gpufleet.sim.workload import Workload
 
-PENDING, WAITING, RUNNING, DONE, UNSCHEDULABLE = 0, 1, 2, 3, 4
 _INF = math.inf
 
 
@@ -94,6 +95,7 @@ class ElasticSimulator:
         self.preemptions = [0] * n
         self.scale_events = [0] * n
         self.lost = [0.0] * n
+        self.resumed_at = [0.0] * n  # progress the current run resumed from (a checkpoint, or the start)
         self.nbase = [0] * n
         self.nflex = [0] * n
         self.where: list[dict[int, None]] = [{} for _ in range(n)]
@@ -464,10 +466,9 @@ class ElasticSimulator:
         self.srv.move(servers, group)
         self._masks.clear()
 
-    def _checkpointed(self, done: float) -> float:
-        """Progress a job keeps of ``done`` when stopped now: its last checkpoint (all of it without checkpoints)."""
-        ckpt = self.config.checkpoint_interval_s
-        return math.floor(done / ckpt) * ckpt if ckpt > 0 else done
+    def _checkpointed(self, j: int, done: float) -> float:
+        """Progress job ``j`` keeps of ``done`` when stopped now: its last checkpoint, never behind its resume."""
+        return checkpoint_kept(self.resumed_at[j], done, self.config.checkpoint_interval_s)
 
     def _reclaim(self, loaned: np.ndarray, count: int, now: float) -> None:
         srv = self.srv
@@ -487,7 +488,7 @@ class ElasticSimulator:
         lost = {}
         for j in jobs:
             done = self.duration[j] - self.remaining[j] + self.progress_now(j, now)
-            lost[j] = (done - self._checkpointed(done)) * self.gpus[j]
+            lost[j] = (done - self._checkpointed(j, done)) * self.gpus[j]
         inst = ReclaimInstance(
             servers=tuple(int(s) for s in loaned),
             on_server=on_server,
@@ -531,9 +532,10 @@ class ElasticSimulator:
         dur = self.duration[j]
         done = dur - self.remaining[j]
         if self.ecfg.reclaim_notice_s <= 0:  # with notice, the job checkpoints before its servers go
-            kept = self._checkpointed(done)
+            kept = self._checkpointed(j, done)
             self.lost[j] += done - kept
             self.remaining[j] = dur - kept
+        self.resumed_at[j] = dur - self.remaining[j]
         self.preemptions[j] += 1
         self.counters["reclaim_preemptions"] += 1
         self.seg_over[j] = 0.0
@@ -675,40 +677,21 @@ class ElasticSimulator:
         now = self._tl["t"][-1] if self._tl["t"] else 0.0
         for j in list(self.running):  # unfinished runs count the time held so far
             self._close_segment(j, now)
-        finish = np.array(self.finish)
-        jct = finish - w.submit
-        held = np.array(self.held_s)
-        jobs = pl.DataFrame(
-            {
-                "job_id": w.job_id,
-                "vc": w.vc,
-                "num_gpus": w.gpus,
-                "submit_s": w.submit,
-                "duration_s": w.duration,
-                "start_s": np.array(self.first_start),
-                "finish_s": finish,
-                "jct_s": jct,
-                "queue_s": jct - held,
-                "preemptions": np.array(self.preemptions, dtype=np.int64),
-                "scale_events": np.array(self.scale_events, dtype=np.int64),
-                "max_workers": np.array(self.wmax, dtype=np.int64),
-                "min_workers": np.array(self.wmin, dtype=np.int64),
-            },
-            schema_overrides={"vc": pl.Utf8, "job_id": pl.Utf8},
-        )
+        extra = {"scale_events": self.scale_events, "max_workers": self.wmax, "min_workers": self.wmin}
+        jobs = job_frame(w, self.first_start, self.finish, np.array(self.held_s), self.preemptions, extra)
         tl = {k: np.frombuffer(v, dtype=np.float64) for k, v in self._tl.items()}
-        timeline = pl.DataFrame(
+        timeline = timeline_frame(
+            tl["t"],
             {
-                "time_s": tl["t"],
-                "busy_gpus": tl["busy"].astype(np.int64),
-                "queued_jobs": tl["queued"].astype(np.int64),
-                "running_jobs": tl["running"].astype(np.int64),
-                "loaned_servers": tl["loaned"].astype(np.int64),
-                "loaned_gpus_used": tl["loaned_used"].astype(np.int64),
-                "loaned_gpus": tl["loaned_gpus"].astype(np.int64),
-                "inference_gpus": tl["inference"].astype(np.int64),
-                "inference_servers_needed": tl["needed"].astype(np.int64),
-            }
+                "busy_gpus": tl["busy"],
+                "queued_jobs": tl["queued"],
+                "running_jobs": tl["running"],
+                "loaned_servers": tl["loaned"],
+                "loaned_gpus_used": tl["loaned_used"],
+                "loaned_gpus": tl["loaned_gpus"],
+                "inference_gpus": tl["inference"],
+                "inference_servers_needed": tl["needed"],
+            },
         )
         meta: dict[str, Any] = {
             "events": self.events_processed,

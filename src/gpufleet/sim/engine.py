@@ -16,11 +16,12 @@ from array import array
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import polars as pl
 
 from gpufleet.sched.policy import Policy
 from gpufleet.sim.config import SimConfig
 from gpufleet.sim.failures import DRAIN_DOWN, FAIL_DOWN, NODE_UP, OutagePlan
+from gpufleet.sim.frames import job_frame, timeline_frame
+from gpufleet.sim.jobstate import DONE, PENDING, RUNNING, UNSCHEDULABLE, WAITING, checkpoint_kept
 from gpufleet.sim.metrics import summarize
 from gpufleet.sim.partition import Allocation, Partition
 from gpufleet.sim.result import SimResult
@@ -32,8 +33,6 @@ if TYPE_CHECKING:
 _INF = math.inf
 # event kinds; at equal times completions go first (they free GPUs), then timers, then wakeups
 _COMPLETE, _TIMER, _WAKEUP, _UNPROTECT = 0, 1, 2, 3
-# job states
-PENDING, WAITING, RUNNING, DONE, UNSCHEDULABLE = 0, 1, 2, 3, 4
 
 
 class Simulator:
@@ -364,8 +363,7 @@ class Simulator:
         dur = self.duration[j]
         before = dur - self.remaining[j]  # resumed from here: a checkpoint (or the start)
         done = before + prog
-        ci = self.config.checkpoint_interval_s
-        kept = max(before, math.floor(done / ci) * ci) if ci > 0 else done
+        kept = checkpoint_kept(before, done, self.config.checkpoint_interval_s)
         self.lost[j] += done - kept
         self.remaining[j] = dur - kept
         self.preemptions[j] += 1
@@ -386,8 +384,7 @@ class Simulator:
         g = self.gpus[j]
         stats = self._out_stats
         if lossy:
-            ci = self.config.checkpoint_interval_s
-            kept = max(before, math.floor(done / ci) * ci) if ci > 0 else done
+            kept = checkpoint_kept(before, done, self.config.checkpoint_interval_s)
             self.lost[j] += done - kept
             self.interruptions[j] += 1
             stats["job_interruptions"] += 1
@@ -743,38 +740,19 @@ class Simulator:
 
     # ------------------------------------------------------------------ results
     def _result(self, wall: float, interrupted: bool) -> SimResult:
-        w = self.workload
-        finish = np.array(self.finish)
-        submit = w.submit
-        jct = finish - submit
         held = np.array(self.held_s)
-        running = [j for j in range(self.n) if self.state[j] == RUNNING]
-        for j in running:  # unfinished runs count the time held so far
-            held[j] += self.now - self.seg_start[j]
-        jobs = pl.DataFrame(
+        for j in range(self.n):
+            if self.state[j] == RUNNING:  # unfinished runs count the time held so far
+                held[j] += self.now - self.seg_start[j]
+        extra = {"interruptions": self.interruptions} if self.outages is not None else None
+        jobs = job_frame(self.workload, self.first_start, self.finish, held, self.preemptions, extra)
+        timeline = timeline_frame(
+            np.frombuffer(self._tl_t, dtype=np.float64),
             {
-                "job_id": w.job_id,
-                "vc": w.vc,
-                "num_gpus": w.gpus,
-                "submit_s": submit,
-                "duration_s": w.duration,
-                "start_s": np.array(self.first_start),
-                "finish_s": finish,
-                "jct_s": jct,
-                "queue_s": jct - held,
-                "preemptions": np.array(self.preemptions, dtype=np.int64),
-            },
-            schema_overrides={"vc": pl.Utf8, "job_id": pl.Utf8},
-        )
-        if self.outages is not None:
-            jobs = jobs.with_columns(pl.Series("interruptions", self.interruptions, dtype=pl.Int64))
-        timeline = pl.DataFrame(
-            {
-                "time_s": np.frombuffer(self._tl_t, dtype=np.float64),
                 "busy_gpus": np.frombuffer(self._tl_busy, dtype=np.int64),
                 "queued_jobs": np.frombuffer(self._tl_queued, dtype=np.int64),
                 "running_jobs": np.frombuffer(self._tl_running, dtype=np.int64),
-            }
+            },
         )
         meta: dict[str, Any] = {
             "events": self.events_processed,
