@@ -247,8 +247,28 @@ def test_study_runs_each_policy_without_and_with_the_predictor(tmp_path: Path) -
     table = comparison(res)
     assert table["predictor"].to_list() == [False, True, False, True]
     assert table["job_interruptions"].to_list() == [1, 0, 1, 0]
-    with pytest.raises(ConfigError, match="elastic"):
-        run_failure_study(jobs_frame(SCENE), cluster, ["aryl"], failures((0, 5000.0)))
+
+
+def test_failures_and_drains_hit_the_aryl_policies_too(tmp_path: Path) -> None:
+    cluster = load_cluster(two_node_cluster(tmp_path))
+    res = run_failure_study(
+        jobs_frame(SCENE),
+        cluster,
+        ["aryl-base", "aryl"],
+        failures((0, 5000.0)),
+        alerts((0, 4000.0)),
+        CFG,
+        OutageSettings(repair_s=2 * H, drain_s=2 * H),
+    )
+    assert [r.policy for r in res] == ["aryl-base", "aryl-base+predictor", "aryl", "aryl+predictor"]
+    assert comparison(res)["job_interruptions"].to_list() == [1, 0, 1, 0]
+    base = res[0]
+    # j0 (server 0) dies at 5000 s and keeps its 3600 s checkpoint; node 0 is down until 12,200 s. j1 ends at
+    # 10,000 s; the shorter j2 takes its server (10,000-15,000 s); j0 resumes at 12,200 s: 60 s restart, 6400 s
+    assert base.jobs["finish_s"].to_list() == [pytest.approx(18_660.0), 10_000.0, 15_000.0]
+    assert base.jobs["interruptions"].to_list() == [1, 0, 0]
+    assert base.summary["lost_work_gpu_h"] == pytest.approx(1400.0 * 8 / H)
+    assert res[1].summary["drain_moves"] == 1 and res[1].summary["finished"] == 3
 
 
 # ------------------------------------------------------------------ command line

@@ -16,7 +16,8 @@ import heapq
 import math
 import time
 from array import array
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import polars as pl
@@ -25,14 +26,18 @@ from gpufleet.sched.aryl import ArylPolicy
 from gpufleet.sched.reclaim import ReclaimInstance
 from gpufleet.sim.config import SimConfig
 from gpufleet.sim.elastic_jobs import ElasticConfig, assign_elastic, loan_speed_from_catalog
+from gpufleet.sim.features.base import Feature, overrides
 from gpufleet.sim.features.inference import PoolGPUs, held_schedule, usage_over_window
 from gpufleet.sim.frames import job_frame, timeline_frame
 from gpufleet.sim.jobstate import DONE, PENDING, RUNNING, UNSCHEDULABLE, WAITING, checkpoint_kept
 from gpufleet.sim.metrics import summarize, time_weighted_mean
 from gpufleet.sim.result import SimResult
 from gpufleet.sim.scaling import PowerLawCurve, ScalingCurve
-from gpufleet.sim.servers import HELD, LOANED, TRAINING, Servers
+from gpufleet.sim.servers import DOWN, HELD, LOANED, TRAINING, Servers
 from gpufleet.sim.workload import Workload
+
+if TYPE_CHECKING:
+    from gpufleet.sim.failures import OutagePlan
 
 _INF = math.inf
 
@@ -49,6 +54,8 @@ class ElasticSimulator:
         elastic: ElasticConfig | None = None,
         inference: Any = None,
         curve: ScalingCurve | None = None,
+        outages: OutagePlan | None = None,
+        features: list[Feature] | None = None,
     ) -> None:
         self.config = config or SimConfig()
         self.ecfg = elastic or ElasticConfig()
@@ -95,6 +102,8 @@ class ElasticSimulator:
         self.preemptions = [0] * n
         self.scale_events = [0] * n
         self.lost = [0.0] * n
+        self.restarts = [0] * n  # resumes from a checkpoint: reclaims, failures and drains
+        self._penalty: dict[int, float] = {}  # extra restore time of a job's next start (a drain's checkpoint)
         self.resumed_at = [0.0] * n  # progress the current run resumed from (a checkpoint, or the start)
         self.nbase = [0] * n
         self.nflex = [0] * n
@@ -122,6 +131,22 @@ class ElasticSimulator:
             k: array("d")
             for k in ("t", "busy", "loaned_used", "loaned", "loaned_gpus", "inference", "needed", "queued", "running")
         }
+        # the first server of each training pool, in the order of gpufleet.sim.workload.partitions_for
+        starts = np.cumsum([0] + [p.nodes for p in cluster.pools]).tolist()
+        self._part_server = [
+            first for first, pool in zip(starts[:-1], cluster.pools, strict=True) if pool.kind == "training"
+        ]
+        # features (gpufleet.sim.features): here, the external events (node outages) and what they report
+        feats = list(features or ())
+        self.outages = outages
+        if outages is not None:
+            from gpufleet.sim.features.outages import OutageFeature
+
+            feats.append(OutageFeature(outages))
+        self.features = feats
+        for f in feats:
+            f.bind(self)
+        self._timed = [f for f in feats if overrides(f, "next_time")]
         policy.bind(self)  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------ setup
@@ -321,7 +346,9 @@ class ElasticSimulator:
         if self.first_start[j] != self.first_start[j]:
             self.first_start[j] = now
         self.seg_over[j] = 0.0
-        pause = self.config.restart_s if self.preemptions[j] else 0.0
+        pause = self.config.restart_s if self.restarts[j] else 0.0
+        if self._penalty:
+            pause += self._penalty.pop(j, 0.0)
         self._new_segment(j, now, pause)
 
     # ------------------------------------------------------------------ phase 1
@@ -525,24 +552,65 @@ class ElasticSimulator:
                 self.eff_flex[j] -= float(srv.speed[s])
 
     def _preempt(self, j: int, now: float) -> None:
-        """A reclaim took part of job ``j``'s base demand: back to the queue from its last checkpoint."""
+        """A reclaim took part of job ``j``'s base demand: back to the queue from its last checkpoint (with
+        notice, the job checkpoints before its servers go)."""
+        self.evict(j, now, lossy=self.ecfg.reclaim_notice_s <= 0, preempted=True)
+        self.counters["reclaim_preemptions"] += 1
+
+    def evict(
+        self,
+        j: int,
+        now: float,
+        lossy: bool,
+        preempted: bool = False,
+        before_requeue: Callable[[int], None] | None = None,
+    ) -> tuple[float, float]:
+        """Stop running ``j`` and queue it again: ``lossy`` rolls it back to its last checkpoint, else it keeps
+        all its progress. It pays ``restart_s`` when it resumes. Returns (progress made, progress kept)."""
+        self._close_segment(j, now)
         self._release_all(j)
         del self.running[j]
         self._ver[j] += 1
         dur = self.duration[j]
         done = dur - self.remaining[j]
-        if self.ecfg.reclaim_notice_s <= 0:  # with notice, the job checkpoints before its servers go
+        kept = done
+        if lossy:
             kept = self._checkpointed(j, done)
             self.lost[j] += done - kept
             self.remaining[j] = dur - kept
         self.resumed_at[j] = dur - self.remaining[j]
-        self.preemptions[j] += 1
-        self.counters["reclaim_preemptions"] += 1
+        if preempted:
+            self.preemptions[j] += 1
+        if before_requeue is not None:
+            before_requeue(j)
+        self.restarts[j] += 1
         self.seg_over[j] = 0.0
         self.state[j] = WAITING
         self.n_waiting += 1
         self._wver[j] += 1
         self._push_waiting(j)
+        return done, kept
+
+    # ------------------------------------------------------------------ core primitives for features
+    def _server(self, p: int, node: int) -> int:
+        return int(self._part_server[p]) + node
+
+    def jobs_on_node(self, p: int, node: int) -> list[int]:
+        """The running jobs with a worker on node ``node`` of training pool ``p``."""
+        return list(self.srv.occ[self._server(p, node)])
+
+    def add_restore(self, j: int, seconds: float) -> None:
+        """``j`` spends ``seconds`` more restoring on its next start (e.g. a drain's checkpoint save)."""
+        self._penalty[j] = self._penalty.get(j, 0.0) + seconds
+
+    def node_down(self, p: int, node: int) -> None:
+        """Node ``node`` of training pool ``p`` (emptied by the caller) goes out of service."""
+        self._move(np.array([self._server(p, node)]), DOWN)
+
+    def node_up(self, p: int, node: int) -> None:
+        """Node ``node`` of training pool ``p`` is back in service."""
+        self._move(np.array([self._server(p, node)]), TRAINING)
+        self._dirty = True  # room for elastic workers grew
 
     def _finish(self, j: int, now: float) -> None:
         self._close_segment(j, now)
@@ -584,6 +652,8 @@ class ElasticSimulator:
         next_round = (submit[0] if n else 0.0) + interval
         a = 0
         count = 0
+        timed = self._timed
+        t_out = min((f.next_time() for f in timed), default=_INF)  # next external event (node outages)
         while True:
             while a < n and state[a] == UNSCHEDULABLE:
                 a += 1
@@ -594,7 +664,7 @@ class ElasticSimulator:
             te = events[0][0] if events else _INF
             tl = lt[li] if li < len(lt) else _INF
             tr = next_round if elastic else _INF
-            t = min(ta, te, tl, tr)
+            t = min(ta, te, tl, tr, t_out)
             if t == _INF:
                 break
             t = max(t, 0.0) if t < 0 else t
@@ -604,6 +674,14 @@ class ElasticSimulator:
                 if ver == self._ver[j] and state[j] == RUNNING:
                     self._finish(j, t)
                     changed = True
+            if t_out <= t:
+                t_out = _INF
+                for f in timed:
+                    nxt = f.next_time()
+                    if nxt <= t:
+                        nxt = f.apply(t)
+                    t_out = nxt if nxt < t_out else t_out
+                changed = True
             while li < len(lt) and lt[li] <= t:
                 self._apply_load(lv[li], t)
                 li += 1
@@ -677,7 +755,9 @@ class ElasticSimulator:
         now = self._tl["t"][-1] if self._tl["t"] else 0.0
         for j in list(self.running):  # unfinished runs count the time held so far
             self._close_segment(j, now)
-        extra = {"scale_events": self.scale_events, "max_workers": self.wmax, "min_workers": self.wmin}
+        extra: dict[str, Any] = {"scale_events": self.scale_events, "max_workers": self.wmax, "min_workers": self.wmin}
+        for f in self.features:
+            extra.update(f.job_columns())
         jobs = job_frame(w, self.first_start, self.finish, np.array(self.held_s), self.preemptions, extra)
         tl = {k: np.frombuffer(v, dtype=np.float64) for k, v in self._tl.items()}
         timeline = timeline_frame(
@@ -707,6 +787,8 @@ class ElasticSimulator:
         on_training = timeline.with_columns(pl.col("busy_gpus") - pl.col("loaned_gpus_used"))
         summary = summarize(self.policy.name, jobs, on_training, total, wall, meta)
         summary.update(self._aryl_metrics(timeline))
+        for f in self.features:
+            summary.update(f.summary(jobs, timeline))
         return SimResult(self.policy.name, summary, jobs, timeline, total, meta)
 
     def _aryl_metrics(self, timeline: pl.DataFrame) -> dict[str, Any]:

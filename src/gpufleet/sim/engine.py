@@ -212,9 +212,10 @@ class Simulator:
                 best = h[0][0]
         return best
 
-    def running_on(self, p: int) -> list[int]:
-        """The running jobs of partition ``p``."""
-        return list(self._running[p])
+    def jobs_on_node(self, p: int, node: int) -> list[int]:
+        """The running jobs of partition ``p`` that hold GPUs of node ``node``."""
+        alloc = self.alloc
+        return [j for j in self._running[p] if any(n == node for n, _ in alloc[j])]  # type: ignore[union-attr]
 
     def running_jobs(self) -> list[int]:
         """Every running job (all partitions)."""

@@ -51,9 +51,7 @@ class OutageFeature(Feature):
             p = plan.part[i]
             node = plan.node[i]
             if kind in (FAIL_DOWN, DRAIN_DOWN):
-                alloc = sim.alloc
-                hit = [j for j in sim.running_on(p) if any(n == node for n, _ in alloc[j])]  # type: ignore[union-attr]
-                for j in hit:
+                for j in sim.jobs_on_node(p, node):
                     self._interrupt(j, now, kind == FAIL_DOWN)
                 sim.node_down(p, node)
             elif kind == NODE_UP:
