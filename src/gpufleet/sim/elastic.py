@@ -23,11 +23,10 @@ import numpy as np
 import polars as pl
 
 from gpufleet.sched.aryl import ArylPolicy
-from gpufleet.sched.reclaim import ReclaimInstance
 from gpufleet.sim.config import SimConfig
 from gpufleet.sim.elastic_jobs import ElasticConfig, assign_elastic, loan_speed_from_catalog
 from gpufleet.sim.features.base import Feature, overrides
-from gpufleet.sim.features.inference import PoolGPUs, held_schedule, usage_over_window
+from gpufleet.sim.features.inference import PoolGPUs, usage_over_window
 from gpufleet.sim.frames import job_frame, timeline_frame
 from gpufleet.sim.jobstate import DONE, PENDING, RUNNING, UNSCHEDULABLE, WAITING, checkpoint_kept
 from gpufleet.sim.metrics import summarize, time_weighted_mean
@@ -121,8 +120,6 @@ class ElasticSimulator:
         self.eff_flex = [0.0] * n
         self.counters = {"reclaims": 0, "reclaim_preemptions": 0, "scale_events": 0}
         self.events_processed = 0
-        self._dirty = True
-        self._last_round: set[int] = set()
         self.inf_needed = len(self.srv.inference_ids)
         self._masks: dict[tuple[str | None, bool], np.ndarray] = {}
         self._type_of: list[str | None] = [t.lower() if isinstance(t, str) else None for t in w.gpu_type]
@@ -136,8 +133,18 @@ class ElasticSimulator:
         self._part_server = [
             first for first, pool in zip(starts[:-1], cluster.pools, strict=True) if pool.kind == "training"
         ]
-        # features (gpufleet.sim.features): here, the external events (node outages) and what they report
-        feats = list(features or ())
+        # features (gpufleet.sim.features): loaning and reclaiming follow the inference load, knapsack rounds
+        # scale elastic jobs, node outages come from a fleet; the core calls each through the hooks it overrides
+        feats: list[Feature] = []
+        if self.inference is not None:
+            from gpufleet.sim.features.loaning import InferenceLoans
+
+            feats.append(InferenceLoans(self.inference, self.ecfg.reclaim_notice_s))
+        if policy.elastic:
+            from gpufleet.sim.features.knapsack import KnapsackRounds
+
+            feats.append(KnapsackRounds(self.ecfg.interval_s))
+        feats.extend(features or ())
         self.outages = outages
         if outages is not None:
             from gpufleet.sim.features.outages import OutageFeature
@@ -147,6 +154,8 @@ class ElasticSimulator:
         for f in feats:
             f.bind(self)
         self._timed = [f for f in feats if overrides(f, "next_time")]
+        self._pass_hooks = [f.end_pass for f in feats if overrides(f, "end_pass")]
+        self._stepped = [f for f in feats if overrides(f, "end_step")]
         policy.bind(self)  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------ setup
@@ -372,122 +381,7 @@ class ElasticSimulator:
             # a class whose best job does not fit is skipped: its other jobs are the same size
 
     # ------------------------------------------------------------------ phase 2
-    def _phase2(self, now: float) -> None:
-        """Knapsack round: leftover GPUs to elastic running jobs' extra workers."""
-        srv = self.srv
-        cand = [j for j in self.running if self.wmax[j] > self.wmin[j]]
-        if not cand:
-            return
-        free_train = srv.free_in[TRAINING] + srv.flex_in[TRAINING]
-        free_loan = srv.free_in[LOANED] + srv.flex_in[LOANED] if self.loans else 0
-        capacity = free_train + free_loan
-        if capacity <= 0:
-            return
-        # Nothing to hand out and no newcomer to hand it to: no GPU is free for another worker of any job below
-        # its maximum, and every candidate already took part in the last solve. The allocation chosen then
-        # stands (its values only drift as remaining times shrink), so the round is skipped.
-        free_now = srv.free_in[TRAINING] + (srv.free_in[LOANED] if self.loans else 0)
-        newcomers = any(j not in self._last_round for j in cand)
-        if not newcomers and all(free_now < self.g[j] or self.nflex[j] >= self.wmax[j] - self.wmin[j] for j in cand):
-            return
-        factor = (free_train + self.loan_speed * free_loan) / capacity
-        rows = np.array(
-            [
-                (
-                    self.g[j],
-                    self.nflex[j],
-                    self.wmax[j] - self.wmin[j],
-                    self.remaining[j] - self.progress_now(j, now),
-                    self.rate[j],
-                    self.eff[j] - self.eff_flex[j],
-                    self.wmin[j],
-                )
-                for j in cand
-            ]
-        )
-        g = rows[:, 0].astype(np.int64)
-        extra_now = rows[:, 1].astype(np.int64)
-        extra_max = np.maximum(np.minimum(rows[:, 2].astype(np.int64), capacity // g), extra_now)
-        choice = self.policy.extra_workers(
-            rows[:, 3],
-            rows[:, 4],
-            rows[:, 5],
-            rows[:, 6],
-            extra_now,
-            extra_max,
-            g,
-            capacity,
-            factor,
-            self.ecfg.scale_pause_s,
-            self._throughput_rows(cand),
-        )
-        self._last_round = set(cand)
-        changed: set[int] = set()
-        # shrink first (training servers first, so flexible workers stay on loaned servers)
-        for j, k in zip(cand, choice.tolist(), strict=True):
-            if k < self.nflex[j]:
-                self._close_segment(j, now)
-                self._drop_flex(j, self.nflex[j] - k)
-                changed.add(j)
-        # then grow, biggest workers first (best-fit decreasing), loaned servers first
-        grow = sorted(
-            (j for j, k in zip(cand, choice.tolist(), strict=True) if k > self.nflex[j]), key=lambda x: (-self.g[x], x)
-        )
-        want = dict(zip(cand, choice.tolist(), strict=True))
-        for j in grow:
-            need = want[j] - self.nflex[j]
-            places = (
-                srv.best_fit_many(self.g[j], need, self._mask(j, True) & (srv.group == LOANED)) if self.loans else []
-            )
-            if len(places) < need:
-                places += srv.best_fit_many(self.g[j], need - len(places), self._mask(j, False))
-            if not places:
-                continue
-            self._close_segment(j, now)
-            for s in places:
-                self._put(s, j, True)
-            changed.add(j)
-        for j in changed:
-            self._rescaled(j, now)
-
-    def _throughput_rows(self, cand: list[int]):
-        """``f(w)`` for a matrix ``w`` with one row per candidate job: each row through that job's curve."""
-        curves = [self.curve_of[j] for j in cand]
-        alpha = {c.alpha for c in curves if isinstance(c, PowerLawCurve)}
-        if len(alpha) == 1 and all(isinstance(c, PowerLawCurve) for c in curves):
-            a = alpha.pop()
-            return lambda w: np.where(w > 0, np.maximum(w, 0.0) ** a, 0.0)
-
-        def per_row(w: np.ndarray) -> np.ndarray:
-            return np.array([[c.throughput(float(x)) for x in row] for c, row in zip(curves, w, strict=True)])
-
-        return per_row
-
-    def _drop_flex(self, j: int, count: int) -> None:
-        """Remove ``count`` flexible workers of ``j``: training servers first, then loaned ones."""
-        srv = self.srv
-        order = sorted(self.where[j], key=lambda s: (srv.group[s] != TRAINING, s))
-        for s in order:
-            while count and srv.occ[s].get(j, (0, 0))[1] > 0:
-                self._take(s, j, True)
-                count -= 1
-            if not count:
-                return
-
-    # ------------------------------------------------------------------ loaning and reclaiming
-    def _apply_load(self, servers_needed: int, now: float) -> None:
-        srv = self.srv
-        pool = len(srv.inference_ids)
-        self.inf_needed = servers_needed
-        target = max(0, pool - servers_needed) if self.loans else 0
-        loaned = srv.loaned
-        if len(loaned) < target:
-            held = srv.inference_ids[srv.group[srv.inference_ids] == HELD]
-            take = held[::-1][: target - len(loaned)]
-            self._move(take, LOANED)
-        elif len(loaned) > target:
-            self._reclaim(loaned, len(loaned) - target, now)
-
+    # ------------------------------------------------------------------ servers changing hands
     def _move(self, servers: np.ndarray, group: int) -> None:
         """Hand empty ``servers`` to ``group`` (LOANED or HELD); the cached placement masks go stale."""
         self.srv.move(servers, group)
@@ -496,66 +390,6 @@ class ElasticSimulator:
     def _checkpointed(self, j: int, done: float) -> float:
         """Progress job ``j`` keeps of ``done`` when stopped now: its last checkpoint, never behind its resume."""
         return checkpoint_kept(self.resumed_at[j], done, self.config.checkpoint_interval_s)
-
-    def _reclaim(self, loaned: np.ndarray, count: int, now: float) -> None:
-        srv = self.srv
-        if self.policy.opts["reclaim"] != "random":
-            # idle loaned servers cost nothing and use no GPUs: the cost greedy and fewest-jobs both return
-            # them first, lowest id first, so they go back without building the full instance
-            empty = loaned[srv.free[loaned] == srv.cap[loaned]][:count]
-            if len(empty):
-                self.counters["reclaims"] += len(empty)
-                self._move(empty, HELD)
-                count -= len(empty)
-                loaned = loaned[srv.group[loaned] == LOANED]
-            if count <= 0:
-                return
-        on_server = {int(s): {j: b + f for j, (b, f) in srv.occ[s].items()} for s in loaned}
-        jobs = {j for occ in on_server.values() for j in occ}
-        lost = {}
-        for j in jobs:
-            done = self.duration[j] - self.remaining[j] + self.progress_now(j, now)
-            lost[j] = (done - self._checkpointed(j, done)) * self.gpus[j]
-        inst = ReclaimInstance(
-            servers=tuple(int(s) for s in loaned),
-            on_server=on_server,
-            workers={j: self.nbase[j] + self.nflex[j] for j in jobs},
-            min_workers={j: self.wmin[j] for j in jobs},
-            gpus_used={int(s): int(srv.cap[s] - srv.free[s]) for s in loaned},
-            lost_work=lost,
-        )
-        back = self.policy.servers_to_return(inst, count, seed=self.ecfg.seed + self.counters["reclaims"])
-        self.counters["reclaims"] += len(back)
-        hit: set[int] = set()
-        for s in back:
-            for j in list(srv.occ[s]):
-                if j not in hit:
-                    self._close_segment(j, now)
-                    hit.add(j)
-                self._take_all_on(s, j)
-            self._move(np.array([s]), HELD)
-        for j in sorted(hit):
-            if self.nbase[j] + self.nflex[j] < self.wmin[j]:
-                self._preempt(j, now)
-            else:
-                self._rebalance_base(j)
-                self._rescaled(j, now)
-
-    def _rebalance_base(self, j: int) -> None:
-        """After losing base workers, make flexible workers elsewhere base workers again."""
-        srv = self.srv
-        for s in self.where[j]:
-            while self.nbase[j] < self.wmin[j] and srv.occ[s][j][1] > 0:
-                srv.flex_to_base(s, j, self.g[j])
-                self.nflex[j] -= 1
-                self.nbase[j] += 1
-                self.eff_flex[j] -= float(srv.speed[s])
-
-    def _preempt(self, j: int, now: float) -> None:
-        """A reclaim took part of job ``j``'s base demand: back to the queue from its last checkpoint (with
-        notice, the job checkpoints before its servers go)."""
-        self.evict(j, now, lossy=self.ecfg.reclaim_notice_s <= 0, preempted=True)
-        self.counters["reclaim_preemptions"] += 1
 
     def evict(
         self,
@@ -610,7 +444,6 @@ class ElasticSimulator:
     def node_up(self, p: int, node: int) -> None:
         """Node ``node`` of training pool ``p`` is back in service."""
         self._move(np.array([self._server(p, node)]), TRAINING)
-        self._dirty = True  # room for elastic workers grew
 
     def _finish(self, j: int, now: float) -> None:
         self._close_segment(j, now)
@@ -636,24 +469,12 @@ class ElasticSimulator:
         submit = self.submit
         state = self.state
         events = self._events
-        load = self.inference
-        if load is not None:
-            times, values = held_schedule(
-                np.asarray(load.time_s, dtype=np.float64),
-                np.asarray(load.servers, dtype=np.int64),
-                self.ecfg.reclaim_notice_s,
-            )
-            lt, lv = times.tolist(), values.tolist()
-        else:
-            lt, lv = [], []
-        li = 0
-        interval = self.ecfg.interval_s
-        elastic = self.policy.elastic
-        next_round = (submit[0] if n else 0.0) + interval
         a = 0
         count = 0
         timed = self._timed
-        t_out = min((f.next_time() for f in timed), default=_INF)  # next external event (node outages)
+        stepped = self._stepped
+        pass_hooks = self._pass_hooks
+        t_out = min((f.next_time() for f in timed), default=_INF)  # next external event (load, outages)
         while True:
             while a < n and state[a] == UNSCHEDULABLE:
                 a += 1
@@ -662,9 +483,8 @@ class ElasticSimulator:
                 break
             ta = submit[a] if a < n else _INF
             te = events[0][0] if events else _INF
-            tl = lt[li] if li < len(lt) else _INF
-            tr = next_round if elastic else _INF
-            t = min(ta, te, tl, tr, t_out)
+            tr = min((f.wake_time() for f in stepped), default=_INF)
+            t = min(ta, te, tr, t_out)
             if t == _INF:
                 break
             t = max(t, 0.0) if t < 0 else t
@@ -682,10 +502,6 @@ class ElasticSimulator:
                         nxt = f.apply(t)
                     t_out = nxt if nxt < t_out else t_out
                 changed = True
-            while li < len(lt) and lt[li] <= t:
-                self._apply_load(lv[li], t)
-                li += 1
-                changed = True
             while a < n and submit[a] <= t:
                 if state[a] == PENDING:
                     state[a] = WAITING
@@ -694,13 +510,11 @@ class ElasticSimulator:
                     changed = True
                 a += 1
             if changed:
-                self._dirty = True
+                for hook in pass_hooks:
+                    hook(t)
                 self._phase1(t)
-            if elastic and t >= next_round:
-                if self._dirty:
-                    self._phase2(t)
-                    self._dirty = False
-                next_round = t + interval
+            for f in stepped:
+                f.end_step(t)
             count += 1
             self._record(t)
             if self.config.debug:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from gpufleet.errors import ConfigError
 from gpufleet.sched.policy import Policy
 from gpufleet.sim.config import SimConfig
 from gpufleet.sim.features.base import Feature, overrides
@@ -139,6 +140,8 @@ class Simulator:
             feats.append(OutageFeature(outages))
         self.features = feats
         for f in feats:
+            if overrides(f, "end_step") or overrides(f, "wake_time"):
+                raise ConfigError(f"feature '{f.name}' runs periodic rounds, which only the elastic core runs yet")
             f.bind(self)
         self._speed_hooks = [f.start_speed for f in feats if overrides(f, "start_speed")]
         self._stop_hooks = [f.on_stop for f in feats if overrides(f, "on_stop")]

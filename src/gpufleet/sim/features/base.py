@@ -19,6 +19,8 @@ class Feature:
     - ``end_pass``: the scheduling pass at ``now`` is over (re-rate running jobs, record, ...);
     - ``next_time`` / ``apply``: external events (node outages, load changes): the core advances to the
       earliest ``next_time`` of all features and calls ``apply``, which returns the feature's next time;
+    - ``wake_time`` / ``end_step``: periodic rounds (elastic scaling): the core wakes at ``wake_time`` and
+      calls ``end_step`` after every step, changed or not (the elastic core only, for now);
     - ``job_columns`` / ``summary``: what the feature adds to the result frames and the summary row.
     """
 
@@ -42,6 +44,12 @@ class Feature:
 
     def apply(self, now: float) -> float:
         return math.inf
+
+    def wake_time(self) -> float:
+        return math.inf
+
+    def end_step(self, now: float) -> None:
+        return None
 
     def job_columns(self) -> dict[str, Any]:
         return {}
