@@ -1,22 +1,21 @@
-"""The elastic simulator: two pools, inference servers loaned to training, jobs that grow and shrink (Aryl).
+"""Aryl's jobs on the event core: two pools, inference servers loaned to training, jobs that grow and shrink.
 
-Time jumps between events: job arrivals and completions, changes of the inference load (which loan or
-reclaim whole servers) and scheduling rounds every ``interval_s``. At every instant where something
-changed, phase 1 admits waiting jobs' base demands shortest first, scaling in flexible workers when a
-waiting job needs their GPUs. At each round, phase 2 gives the GPUs left over to elastic jobs through
-the policy's knapsack. A job's progress rate is ``T(effective workers) / T(base workers)`` from the
-scaling curve, where a worker on a loaned server counts ``loan_speed`` of a training-server worker; every
-change of a running job's workers pauses it for ``scale_pause_s``; a job preempted by a reclaim returns
-to the queue, loses the work since its last checkpoint and pays ``restart_s`` when it resumes.
+:class:`ElasticSimulator` is the core of ``gpufleet.sim.engine`` (one event loop, one job state, one
+checkpoint rollback and one set of result frames) with a server-level placement: a job runs *workers* of
+``g`` GPUs, each on one server; its base demand (``min_workers``) is placed when it starts, best fit,
+training servers first, scaling in other jobs' flexible workers when it needs their GPUs; a fixed-size
+job is an elastic job with min = max workers. What Aryl adds are features of the core:
+``features.loaning`` (loaning and reclaiming inference servers as the inference load moves) and
+``features.knapsack`` (rounds every ``interval_s`` that give the GPUs left over to elastic jobs' extra
+workers). A job's progress rate is ``T(effective workers) / T(base workers)`` from the scaling curve, where
+a worker on a loaned server counts ``loan_speed`` of a training-server worker; every change of a running
+job's workers pauses it for ``scale_pause_s``.
 """
 
 from __future__ import annotations
 
 import heapq
-import math
-import time
 from array import array
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -25,23 +24,24 @@ import polars as pl
 from gpufleet.sched.aryl import ArylPolicy
 from gpufleet.sim.config import SimConfig
 from gpufleet.sim.elastic_jobs import ElasticConfig, assign_elastic, loan_speed_from_catalog
-from gpufleet.sim.features.base import Feature, overrides
-from gpufleet.sim.features.inference import PoolGPUs, usage_over_window
+from gpufleet.sim.engine import _COMPLETE, Simulator
+from gpufleet.sim.features.base import Feature
+from gpufleet.sim.features.inference import PoolGPUs, held_schedule, usage_over_window
 from gpufleet.sim.frames import job_frame, timeline_frame
-from gpufleet.sim.jobstate import DONE, PENDING, RUNNING, UNSCHEDULABLE, WAITING, checkpoint_kept
+from gpufleet.sim.jobstate import RUNNING, UNSCHEDULABLE, WAITING, checkpoint_kept
 from gpufleet.sim.metrics import summarize, time_weighted_mean
 from gpufleet.sim.result import SimResult
 from gpufleet.sim.scaling import PowerLawCurve, ScalingCurve
 from gpufleet.sim.servers import DOWN, HELD, LOANED, TRAINING, Servers
-from gpufleet.sim.workload import Workload
+from gpufleet.sim.workload import Workload, partitions_for
 
 if TYPE_CHECKING:
     from gpufleet.sim.failures import OutagePlan
 
-_INF = math.inf
+__all__ = ["ElasticSimulator", "held_schedule"]
 
 
-class ElasticSimulator:
+class ElasticSimulator(Simulator):
     """One run of one Aryl-family policy over one trace on a two-pool cluster; call :meth:`run` once."""
 
     def __init__(
@@ -56,19 +56,11 @@ class ElasticSimulator:
         outages: OutagePlan | None = None,
         features: list[Feature] | None = None,
     ) -> None:
-        self.config = config or SimConfig()
         self.ecfg = elastic or ElasticConfig()
-        self.policy = policy
         jobs = jobs.sort("submit_s", maintain_order=True)
-        self.workload = Workload.from_frame(jobs)
-        w = self.workload
-        n = len(w)
-        self.n = n
+        workload = Workload.from_frame(jobs)
+        parts = partitions_for(cluster)  # raises when the cluster has no training pool
         training = cluster.training_pools
-        if not training:
-            from gpufleet.errors import SpecError
-
-            raise SpecError(f"cluster '{cluster.name}' has no training pool")
         inf_pools = cluster.inference_pools
         ls = self.ecfg.loan_speed
         if ls is None:
@@ -84,57 +76,33 @@ class ElasticSimulator:
         self.g: list[int] = ej.gpus_per_worker.tolist()
         self.wmin: list[int] = ej.min_workers.tolist()
         self.wmax: list[int] = ej.max_workers.tolist()
+        self.workload = workload
         self.curve = curve or PowerLawCurve()
         self.curve_of = self._job_curves(jobs, training[0])
-        self.submit: list[float] = w.submit.tolist()
-        self.duration: list[float] = w.duration.tolist()
-        self.gpus = [g * m for g, m in zip(self.g, self.wmin, strict=True)]
-        self.state = [PENDING] * n
-        self.remaining: list[float] = list(self.duration)
-        self.seg_start = [0.0] * n
-        self.seg_over = [0.0] * n
-        self.rate = [1.0] * n
         self.base_rate_t = [c.throughput(m) for c, m in zip(self.curve_of, self.wmin, strict=True)]
-        self.held_s = [0.0] * n
-        self.first_start = [math.nan] * n
-        self.finish = [math.nan] * n
-        self.preemptions = [0] * n
+        n = len(workload)
         self.scale_events = [0] * n
-        self.lost = [0.0] * n
-        self.restarts = [0] * n  # resumes from a checkpoint: reclaims, failures and drains
-        self._penalty: dict[int, float] = {}  # extra restore time of a job's next start (a drain's checkpoint)
-        self.resumed_at = [0.0] * n  # progress the current run resumed from (a checkpoint, or the start)
         self.nbase = [0] * n
         self.nflex = [0] * n
         self.where: list[dict[int, None]] = [{} for _ in range(n)]
-        self._ver = [0] * n
-        self._events: list[tuple] = []
-        self._seq = 0
-        self._waiting: dict[tuple, list[tuple]] = {}
-        self._wver = [0] * n
         self.running: dict[int, None] = {}
-        self.n_waiting = 0
-        self.busy = 0
         self.busy_loaned = 0  # GPUs training holds on loaned servers
         self.eff = [0.0] * n  # effective workers (loaned-server workers count loan_speed)
         self.eff_flex = [0.0] * n
         self.counters = {"reclaims": 0, "reclaim_preemptions": 0, "scale_events": 0}
-        self.events_processed = 0
         self.inf_needed = len(self.srv.inference_ids)
         self._masks: dict[tuple[str | None, bool], np.ndarray] = {}
-        self._type_of: list[str | None] = [t.lower() if isinstance(t, str) else None for t in w.gpu_type]
-        self._resolve_schedulable()
+        self._type_of: list[str | None] = [t.lower() if isinstance(t, str) else None for t in workload.gpu_type]
         self._tl = {
             k: array("d")
             for k in ("t", "busy", "loaned_used", "loaned", "loaned_gpus", "inference", "needed", "queued", "running")
         }
-        # the first server of each training pool, in the order of gpufleet.sim.workload.partitions_for
+        # the first server of each training pool, in the order of partitions_for
         starts = np.cumsum([0] + [p.nodes for p in cluster.pools]).tolist()
         self._part_server = [
             first for first, pool in zip(starts[:-1], cluster.pools, strict=True) if pool.kind == "training"
         ]
-        # features (gpufleet.sim.features): loaning and reclaiming follow the inference load, knapsack rounds
-        # scale elastic jobs, node outages come from a fleet; the core calls each through the hooks it overrides
+        # Aryl's features: loaning and reclaiming follow the inference load, knapsack rounds scale elastic jobs
         feats: list[Feature] = []
         if self.inference is not None:
             from gpufleet.sim.features.loaning import InferenceLoans
@@ -145,18 +113,8 @@ class ElasticSimulator:
 
             feats.append(KnapsackRounds(self.ecfg.interval_s))
         feats.extend(features or ())
-        self.outages = outages
-        if outages is not None:
-            from gpufleet.sim.features.outages import OutageFeature
-
-            feats.append(OutageFeature(outages))
-        self.features = feats
-        for f in feats:
-            f.bind(self)
-        self._timed = [f for f in feats if overrides(f, "next_time")]
-        self._pass_hooks = [f.end_pass for f in feats if overrides(f, "end_pass")]
-        self._stepped = [f for f in feats if overrides(f, "end_step")]
-        policy.bind(self)  # type: ignore[arg-type]
+        super().__init__(workload, parts, policy, config, outages, None, feats)
+        self.rate = self.seg_speed  # the progress rate of each job's current segment
 
     # ------------------------------------------------------------------ setup
     def _job_curves(self, jobs: pl.DataFrame, pool: Any) -> list[ScalingCurve]:
@@ -182,8 +140,9 @@ class ElasticSimulator:
             out.append(cache[key])
         return out
 
-    def _resolve_schedulable(self) -> None:
-        """Jobs whose base demand fits no training pool are reported and never queued."""
+    def _resolve_allowed(self) -> list[tuple[int, ...]]:
+        """Jobs whose base demand fits no training pool are reported and never queued (the core's hook)."""
+        self.gpus = [g * m for g, m in zip(self.g, self.wmin, strict=True)]
         self.unschedulable: dict[str, int] = {}
         srv = self.srv
         for j in range(self.n):
@@ -196,6 +155,7 @@ class ElasticSimulator:
                 continue
             self.state[j] = UNSCHEDULABLE
             self.unschedulable[reason] = self.unschedulable.get(reason, 0) + 1
+        return [()] * self.n
 
     def _mask(self, j: int, loaned: bool) -> np.ndarray:
         """Servers job ``j`` may use: training servers of its GPU type (and loaned servers of any type)."""
@@ -211,12 +171,7 @@ class ElasticSimulator:
             self._masks[key] = m
         return m
 
-    # ------------------------------------------------------------------ progress
-    def progress_now(self, j: int, now: float) -> float:
-        """Base-demand work job ``j`` has done in its current segment."""
-        p = (now - self.seg_start[j] - self.seg_over[j]) * self.rate[j]
-        return 0.0 if p <= 0.0 else min(p, self.remaining[j])
-
+    # ------------------------------------------------------------------ workers on servers
     def _put(self, s: int, j: int, flexible: bool) -> None:
         """One more worker of job ``j`` on server ``s``, with every counter that depends on it."""
         g = self.g[j]
@@ -257,23 +212,26 @@ class ElasticSimulator:
         for _ in range(f):
             self._take(s, j, True)
 
+    # ------------------------------------------------------------------ segments
     def _close_segment(self, j: int, now: float) -> None:
-        prog = self.progress_now(j, now)
-        held = now - self.seg_start[j]
-        self.held_s[j] += held
-        self.remaining[j] -= prog
-        self.seg_over[j] = max(0.0, self.seg_over[j] - held)
-        self.seg_start[j] = now
+        """Bank running ``j``'s progress up to ``now`` before its workers change."""
+        base = self.progress_now(j, now)
+        over = self.seg_over[j] - (now - self.pseg_start[j])
+        self.seg_over[j] = over if over > 0.0 else 0.0
+        self.pseg_start[j] = now
+        self.pseg_base[j] = base
 
     def _new_segment(self, j: int, now: float, pause: float) -> None:
-        """Start a segment with the job's current workers; schedule its completion."""
-        self.seg_start[j] = now
+        """Go on with the job's current workers (after ``pause`` s at least); schedule its completion."""
         self.seg_over[j] = max(self.seg_over[j], pause)
-        self.rate[j] = self.curve_of[j].throughput(self.eff[j]) / self.base_rate_t[j]
-        fin = now + self.seg_over[j] + self.remaining[j] / self.rate[j]
+        rate = self.curve_of[j].throughput(self.eff[j]) / self.base_rate_t[j]
+        self.seg_speed[j] = rate
+        fin = now + self.seg_over[j] + (self.remaining[j] - self.pseg_base[j]) / rate
+        self.expected_finish[j] = fin
+        self._event_at[j] = fin
         self._ver[j] += 1
         self._seq += 1
-        heapq.heappush(self._events, (fin, 0, self._seq, j, self._ver[j]))
+        heapq.heappush(self._events, (fin, _COMPLETE, self._seq, j, self._ver[j]))
 
     def _rescaled(self, j: int, now: float) -> None:
         """Job ``j``'s workers changed while it ran: account the old segment, pause, continue."""
@@ -281,21 +239,50 @@ class ElasticSimulator:
         self.counters["scale_events"] += 1
         self._new_segment(j, now, self.ecfg.scale_pause_s)
 
-    # ------------------------------------------------------------------ waiting queue
-    def _push_waiting(self, j: int) -> None:
-        key = self.policy.waiting_key(j, 0.0)
-        ck = (self.wmin[j], self.g[j], self._type_of[j] or "")
-        h = self._waiting.setdefault(ck, [])
-        self._seq += 1
-        heapq.heappush(h, (key, self._seq, j, self._wver[j]))
+    # ------------------------------------------------------------------ transitions (the core's hooks)
+    def _arrive(self, j: int) -> None:
+        self._class_of[j] = (self.wmin[j], self.g[j], self._type_of[j] or "")  # type: ignore[assignment]
+        self.state[j] = WAITING
+        self.n_waiting += 1
+        self.waiting_gpus += self.gpus[j]
+        self._push_waiting(j)
 
-    def _head(self, ck: tuple) -> tuple | None:
-        h = self._waiting[ck]
-        while h and (h[0][3] != self._wver[h[0][2]] or self.state[h[0][2]] != WAITING):
-            heapq.heappop(h)
-        return h[0] if h else None
+    def _begin(self, j: int, now: float) -> None:
+        """Job ``j``'s base demand is placed: it runs from ``now``."""
+        self._wver[j] += 1
+        self.state[j] = RUNNING
+        self.n_waiting -= 1
+        self.waiting_gpus -= self.gpus[j]
+        self.running[j] = None
+        self.n_running += 1
+        if self.first_start[j] != self.first_start[j]:
+            self.first_start[j] = now
+        pause = self.config.restart_s if self.restarts[j] else 0.0
+        if self._penalty:
+            pause += self._penalty.pop(j, 0.0)
+        self.seg_start[j] = now
+        self.pseg_start[j] = now
+        self.pseg_base[j] = 0.0
+        self.seg_over[j] = 0.0
+        self.token[j] += 1
+        self._new_segment(j, now, pause)
+        self.policy.on_start(j, now)
 
-    # ------------------------------------------------------------------ placement
+    def _stop_segment(self, j: int, now: float) -> float:
+        prog = self.progress_now(j, now)
+        for hook in self._stop_hooks:
+            hook(j, now)
+        held = now - self.seg_start[j]
+        self.held_s[j] += held
+        self.attained[j] += held * self.gpus[j]
+        self.useful[j] += prog
+        self._release_all(j)
+        del self.running[j]
+        self.n_running -= 1
+        self._ver[j] += 1
+        self.token[j] += 1
+        return prog
+
     def _release_all(self, j: int) -> None:
         for s in list(self.where[j]):
             self._take_all_on(s, j)
@@ -344,98 +331,45 @@ class ElasticSimulator:
             self._put(s, j, False)
         for v in touched:
             self._rescaled(v, now)
-        self._start(j, now)
+        self._begin(j, now)
         return True
 
-    def _start(self, j: int, now: float) -> None:
-        self._wver[j] += 1
-        self.state[j] = RUNNING
-        self.n_waiting -= 1
-        self.running[j] = None
-        if self.first_start[j] != self.first_start[j]:
-            self.first_start[j] = now
-        self.seg_over[j] = 0.0
-        pause = self.config.restart_s if self.restarts[j] else 0.0
-        if self._penalty:
-            pause += self._penalty.pop(j, 0.0)
-        self._new_segment(j, now, pause)
-
-    # ------------------------------------------------------------------ phase 1
-    def _phase1(self, now: float) -> None:
+    def _schedule(self) -> None:
+        """Admit waiting jobs' base demands, best first; a class whose best job does not fit is skipped (its
+        other jobs are the same size and worse)."""
         if not self.n_waiting:
             return
+        now = self.now
         heads = []
-        for ck in list(self._waiting):
+        for ck in self._class_keys:
             e = self._head(ck)
             if e is not None:
                 heads.append((e, ck))
         heads.sort()
         while heads:
             entry, ck = heads.pop(0)
-            j = entry[2]
-            if self._admit(j, now):
+            if self._admit(entry[2], now):
                 e = self._head(ck)
                 if e is not None:
                     heads.append((e, ck))
                     heads.sort()
-            # a class whose best job does not fit is skipped: its other jobs are the same size
 
-    # ------------------------------------------------------------------ phase 2
     # ------------------------------------------------------------------ servers changing hands
     def _move(self, servers: np.ndarray, group: int) -> None:
-        """Hand empty ``servers`` to ``group`` (LOANED or HELD); the cached placement masks go stale."""
+        """Hand empty ``servers`` to ``group`` (LOANED, HELD, DOWN, TRAINING); cached placement masks go stale."""
         self.srv.move(servers, group)
         self._masks.clear()
 
     def _checkpointed(self, j: int, done: float) -> float:
         """Progress job ``j`` keeps of ``done`` when stopped now: its last checkpoint, never behind its resume."""
-        return checkpoint_kept(self.resumed_at[j], done, self.config.checkpoint_interval_s)
+        return checkpoint_kept(self.duration[j] - self.remaining[j], done, self.config.checkpoint_interval_s)
 
-    def evict(
-        self,
-        j: int,
-        now: float,
-        lossy: bool,
-        preempted: bool = False,
-        before_requeue: Callable[[int], None] | None = None,
-    ) -> tuple[float, float]:
-        """Stop running ``j`` and queue it again: ``lossy`` rolls it back to its last checkpoint, else it keeps
-        all its progress. It pays ``restart_s`` when it resumes. Returns (progress made, progress kept)."""
-        self._close_segment(j, now)
-        self._release_all(j)
-        del self.running[j]
-        self._ver[j] += 1
-        dur = self.duration[j]
-        done = dur - self.remaining[j]
-        kept = done
-        if lossy:
-            kept = self._checkpointed(j, done)
-            self.lost[j] += done - kept
-            self.remaining[j] = dur - kept
-        self.resumed_at[j] = dur - self.remaining[j]
-        if preempted:
-            self.preemptions[j] += 1
-        if before_requeue is not None:
-            before_requeue(j)
-        self.restarts[j] += 1
-        self.seg_over[j] = 0.0
-        self.state[j] = WAITING
-        self.n_waiting += 1
-        self._wver[j] += 1
-        self._push_waiting(j)
-        return done, kept
-
-    # ------------------------------------------------------------------ core primitives for features
     def _server(self, p: int, node: int) -> int:
         return int(self._part_server[p]) + node
 
     def jobs_on_node(self, p: int, node: int) -> list[int]:
         """The running jobs with a worker on node ``node`` of training pool ``p``."""
         return list(self.srv.occ[self._server(p, node)])
-
-    def add_restore(self, j: int, seconds: float) -> None:
-        """``j`` spends ``seconds`` more restoring on its next start (e.g. a drain's checkpoint save)."""
-        self._penalty[j] = self._penalty.get(j, 0.0) + seconds
 
     def node_down(self, p: int, node: int) -> None:
         """Node ``node`` of training pool ``p`` (emptied by the caller) goes out of service."""
@@ -445,84 +379,7 @@ class ElasticSimulator:
         """Node ``node`` of training pool ``p`` is back in service."""
         self._move(np.array([self._server(p, node)]), TRAINING)
 
-    def _finish(self, j: int, now: float) -> None:
-        self._close_segment(j, now)
-        self._release_all(j)
-        del self.running[j]
-        self.remaining[j] = 0.0
-        self.state[j] = DONE
-        self.finish[j] = now
-
-    # ------------------------------------------------------------------ main loop
-    def run(self) -> SimResult:
-        """Simulate until every schedulable job has finished; Ctrl-C stops early with partial results."""
-        wall0 = time.perf_counter()
-        interrupted = False
-        try:
-            self._loop()
-        except KeyboardInterrupt:
-            interrupted = True
-        return self._result(time.perf_counter() - wall0, interrupted)
-
-    def _loop(self) -> None:
-        n = self.n
-        submit = self.submit
-        state = self.state
-        events = self._events
-        a = 0
-        count = 0
-        timed = self._timed
-        stepped = self._stepped
-        pass_hooks = self._pass_hooks
-        t_out = min((f.next_time() for f in timed), default=_INF)  # next external event (load, outages)
-        while True:
-            while a < n and state[a] == UNSCHEDULABLE:
-                a += 1
-            pending = a < n or self.running or self.n_waiting
-            if not pending:
-                break
-            ta = submit[a] if a < n else _INF
-            te = events[0][0] if events else _INF
-            tr = min((f.wake_time() for f in stepped), default=_INF)
-            t = min(ta, te, tr, t_out)
-            if t == _INF:
-                break
-            t = max(t, 0.0) if t < 0 else t
-            changed = False
-            while events and events[0][0] <= t:
-                _, _, _, j, ver = heapq.heappop(events)
-                if ver == self._ver[j] and state[j] == RUNNING:
-                    self._finish(j, t)
-                    changed = True
-            if t_out <= t:
-                t_out = _INF
-                for f in timed:
-                    nxt = f.next_time()
-                    if nxt <= t:
-                        nxt = f.apply(t)
-                    t_out = nxt if nxt < t_out else t_out
-                changed = True
-            while a < n and submit[a] <= t:
-                if state[a] == PENDING:
-                    state[a] = WAITING
-                    self.n_waiting += 1
-                    self._push_waiting(a)
-                    changed = True
-                a += 1
-            if changed:
-                for hook in pass_hooks:
-                    hook(t)
-                self._phase1(t)
-            for f in stepped:
-                f.end_step(t)
-            count += 1
-            self._record(t)
-            if self.config.debug:
-                self.check_invariants()
-            if not self.running and not self.n_waiting and a >= n:
-                break
-        self.events_processed = count
-
+    # ------------------------------------------------------------------ timeline
     def _record(self, t: float) -> None:
         tl = self._tl
         if tl["t"] and tl["t"][-1] == t:
@@ -567,12 +424,13 @@ class ElasticSimulator:
     def _result(self, wall: float, interrupted: bool) -> SimResult:
         w = self.workload
         now = self._tl["t"][-1] if self._tl["t"] else 0.0
-        for j in list(self.running):  # unfinished runs count the time held so far
-            self._close_segment(j, now)
+        held = np.array(self.held_s)
+        for j in self.running:  # unfinished runs count the time held so far
+            held[j] += now - self.seg_start[j]
         extra: dict[str, Any] = {"scale_events": self.scale_events, "max_workers": self.wmax, "min_workers": self.wmin}
         for f in self.features:
             extra.update(f.job_columns())
-        jobs = job_frame(w, self.first_start, self.finish, np.array(self.held_s), self.preemptions, extra)
+        jobs = job_frame(w, self.first_start, self.finish, held, self.preemptions, extra)
         tl = {k: np.frombuffer(v, dtype=np.float64) for k, v in self._tl.items()}
         timeline = timeline_frame(
             tl["t"],

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from gpufleet.errors import ConfigError
 from gpufleet.sched.policy import Policy
 from gpufleet.sim.config import SimConfig
 from gpufleet.sim.features.base import Feature, overrides
@@ -140,13 +139,12 @@ class Simulator:
             feats.append(OutageFeature(outages))
         self.features = feats
         for f in feats:
-            if overrides(f, "end_step") or overrides(f, "wake_time"):
-                raise ConfigError(f"feature '{f.name}' runs periodic rounds, which only the elastic core runs yet")
             f.bind(self)
         self._speed_hooks = [f.start_speed for f in feats if overrides(f, "start_speed")]
         self._stop_hooks = [f.on_stop for f in feats if overrides(f, "on_stop")]
         self._pass_hooks = [f.end_pass for f in feats if overrides(f, "end_pass")]
         self._timed = [f for f in feats if overrides(f, "next_time")]
+        self._stepped = [f for f in feats if overrides(f, "end_step")]
         policy.bind(self)
 
     # ------------------------------------------------------------------ setup
@@ -601,13 +599,19 @@ class Simulator:
         count = 0
         timed = self._timed
         pass_hooks = self._pass_hooks
+        stepped = self._stepped
         t_out = min((f.next_time() for f in timed), default=_INF)  # next external event (outages, load)
         while True:
             while a < n and state[a] == UNSCHEDULABLE:
                 a += 1
+            if a >= n and not self.n_running and not self.n_waiting:
+                break  # every job is done: stale events and later outages or load changes are ignored
             ta = submit[a] if a < n else _INF
             te = events[0][0] if events else _INF
             t = ta if ta < te else te
+            if stepped and (a < n or self.n_running or self.n_waiting):  # rounds while jobs remain
+                tw = min(f.wake_time() for f in stepped)
+                t = tw if tw < t else t
             if t >= t_out:  # an outage event comes first, or nothing else is left (then t is inf)
                 if t_out == _INF or (t == _INF and not self.n_waiting):
                     break  # no job left to run: later outages are ignored
@@ -652,18 +656,21 @@ class Simulator:
                     self._arrive(a)
                     changed = True
                 a += 1
-            if not changed:
+            if changed:
+                count += 1
+                self._schedule()
+                for hook in pass_hooks:
+                    hook(t)
+                wake = pol.next_wakeup(t)
+                if wake is not None and t < wake != self._wakeup_at:
+                    self._seq += 1
+                    self._wakeup_seq = self._seq
+                    self._wakeup_at = wake
+                    heapq.heappush(events, (wake, _WAKEUP, self._seq, -1, None))
+            elif not stepped:
                 continue
-            count += 1
-            self._schedule()
-            for hook in pass_hooks:
-                hook(t)
-            wake = pol.next_wakeup(t)
-            if wake is not None and t < wake != self._wakeup_at:
-                self._seq += 1
-                self._wakeup_seq = self._seq
-                self._wakeup_at = wake
-                heapq.heappush(events, (wake, _WAKEUP, self._seq, -1, None))
+            for f in stepped:
+                f.end_step(t)
             self._record(t)
             if debug:
                 self.check_invariants()
