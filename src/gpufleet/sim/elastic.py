@@ -30,6 +30,7 @@ from gpufleet.sim.features.inference import PoolGPUs, held_schedule, usage_over_
 from gpufleet.sim.frames import job_frame, timeline_frame
 from gpufleet.sim.jobstate import RUNNING, UNSCHEDULABLE, WAITING, checkpoint_kept
 from gpufleet.sim.metrics import summarize, time_weighted_mean
+from gpufleet.sim.network import network_for_run
 from gpufleet.sim.result import SimResult
 from gpufleet.sim.scaling import PowerLawCurve, ScalingCurve
 from gpufleet.sim.servers import DOWN, HELD, LOANED, TRAINING, Servers
@@ -113,8 +114,17 @@ class ElasticSimulator(Simulator):
 
             feats.append(KnapsackRounds(self.ecfg.interval_s))
         feats.extend(features or ())
-        super().__init__(workload, parts, policy, config, outages, None, feats)
+        # network contention on the training fabric: each server's (training pool, node), -1 off the fabric
+        self._srv_part = [-1] * len(self.srv)
+        self._srv_node = [-1] * len(self.srv)
+        for p, first in enumerate(self._part_server):
+            for node in range(parts[p].nodes):
+                self._srv_part[first + node] = p
+                self._srv_node[first + node] = node
+        network = network_for_run(cluster, parts, jobs, config or SimConfig())
+        super().__init__(workload, parts, policy, config, outages, network, feats)
         self.rate = self.seg_speed  # the progress rate of each job's current segment
+        self._netf: Any = next((f for f in self.features if f.name == "network"), None)
 
     # ------------------------------------------------------------------ setup
     def _job_curves(self, jobs: pl.DataFrame, pool: Any) -> list[ScalingCurve]:
@@ -213,18 +223,28 @@ class ElasticSimulator(Simulator):
             self._take(s, j, True)
 
     # ------------------------------------------------------------------ segments
-    def _close_segment(self, j: int, now: float) -> None:
-        """Bank running ``j``'s progress up to ``now`` before its workers change."""
+    def _close_segment(self, j: int, now: float, account: bool = True) -> None:
+        """Bank running ``j``'s progress up to ``now`` before its workers (or its contention) change."""
+        if account and self._netf is not None:
+            self._netf.contention_gpu_s += self.network.lost(j) * (now - self.pseg_start[j]) * self.gpus[j]  # type: ignore[union-attr]
         base = self.progress_now(j, now)
         over = self.seg_over[j] - (now - self.pseg_start[j])
         self.seg_over[j] = over if over > 0.0 else 0.0
         self.pseg_start[j] = now
         self.pseg_base[j] = base
 
-    def _new_segment(self, j: int, now: float, pause: float) -> None:
-        """Go on with the job's current workers (after ``pause`` s at least); schedule its completion."""
+    def _new_segment(self, j: int, now: float, pause: float, attach: bool = True) -> None:
+        """Go on with the job's current workers (after ``pause`` s at least); schedule its completion.
+
+        With the network on, ``attach`` puts the job's links (its training servers' NICs and racks) in the
+        network model first; its speed is the scaling curve's times its contention ratio."""
         self.seg_over[j] = max(self.seg_over[j], pause)
         rate = self.curve_of[j].throughput(self.eff[j]) / self.base_rate_t[j]
+        net = self.network
+        if net is not None:
+            if attach:
+                self._attach(j)
+            rate *= net.committed.get(j, 1.0)
         self.seg_speed[j] = rate
         fin = now + self.seg_over[j] + (self.remaining[j] - self.pseg_base[j]) / rate
         self.expected_finish[j] = fin
@@ -232,6 +252,28 @@ class ElasticSimulator(Simulator):
         self._ver[j] += 1
         self._seq += 1
         heapq.heappush(self._events, (fin, _COMPLETE, self._seq, j, self._ver[j]))
+
+    def _attach(self, j: int) -> None:
+        """(Re)attach running ``j`` to the network on its training servers (those of the pool holding most)."""
+        net = self.network
+        assert net is not None and self._netf is not None
+        touched = net.detach(j) if j in net.links else []
+        by_part: dict[int, list[tuple[int, int]]] = {}
+        for s in self.where[j]:
+            p = self._srv_part[s]
+            if p >= 0:
+                b, f = self.srv.occ[s][j]
+                by_part.setdefault(p, []).append((self._srv_node[s], (b + f) * self.g[j]))
+        if by_part:
+            p = max(by_part, key=lambda q: (len(by_part[q]), -q))
+            touched += net.attach(j, p, sorted(by_part[p]))
+            net.rate(j)  # puts its contention ratio in force
+        self._netf._dirty.update(dict.fromkeys(touched))
+
+    def change_speed(self, k: int, now: float, new: float) -> None:
+        """Running ``k``'s contention changed (the network feature has put its new ratio in force)."""
+        self._close_segment(k, now, account=False)
+        self._new_segment(k, now, 0.0, attach=False)
 
     def _rescaled(self, j: int, now: float) -> None:
         """Job ``j``'s workers changed while it ran: account the old segment, pause, continue."""

@@ -14,7 +14,6 @@ from typing import Any
 
 import polars as pl
 
-from gpufleet.errors import ConfigError
 from gpufleet.sched.policy import make_policy
 from gpufleet.sim.config import SimConfig
 from gpufleet.sim.engine import Simulator
@@ -77,8 +76,6 @@ def run_failure_one(run: FailureRun) -> SimResult:
     if policy.engine == "elastic":
         from gpufleet.sim.elastic import ElasticSimulator
 
-        if run.config.network:
-            raise ConfigError(f"policy '{run.policy}' runs on the elastic simulator, which has no network model yet")
         sim: Any = ElasticSimulator(
             run.jobs,
             run.cluster,

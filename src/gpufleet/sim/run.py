@@ -42,11 +42,6 @@ def run_one(spec: RunSpec) -> SimResult:
     if policy.engine == "elastic":
         from gpufleet.sim.elastic import ElasticSimulator
 
-        if spec.config.network:
-            raise ConfigError(
-                f"policy '{spec.policy}' runs on the elastic simulator, which has no network model; "
-                "drop --network or choose a gang policy"
-            )
         return ElasticSimulator(
             spec.jobs,
             spec.cluster,
