@@ -289,6 +289,10 @@ class ElasticSimulator(Simulator):
         self.waiting_gpus += self.gpus[j]
         self._push_waiting(j)
 
+    def running_jobs(self) -> list[int]:
+        """Every running job."""
+        return list(self.running)
+
     def _begin(self, j: int, now: float) -> None:
         """Job ``j``'s base demand is placed: it runs from ``now``."""
         self._wver[j] += 1

@@ -3,5 +3,7 @@
 
 - ``network``: contention between multi-node jobs on shared links (speeds replace the placement penalty);
 - ``outages``: node failures and predictor drains injected from a fleet (``gpufleet.sim.failures``);
-- ``inference``: the inference pool's load over time, and the usage metric over both pools.
+- ``inference``: the inference pool's load over time, and the usage metric over both pools;
+- ``loaning``: Aryl's loaning and reclaiming of inference servers as the load moves;
+- ``knapsack``: Aryl's elastic scaling, knapsack rounds over the GPUs left over.
 """
