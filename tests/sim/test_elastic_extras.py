@@ -7,8 +7,8 @@ import polars as pl
 import pytest
 
 from gpufleet.sim.config import SimConfig
-from gpufleet.sim.elastic import held_schedule
 from gpufleet.sim.elastic_jobs import ElasticConfig
+from gpufleet.sim.features.inference import held_schedule
 from gpufleet.sim.run import RunSpec, run_one
 from gpufleet.sim.scaling import PerfCurve, PowerLawCurve
 from gpufleet.spec import ClusterSpec, Pool

@@ -336,3 +336,34 @@ def test_predict_matches_attach_over_random_states(oversub: float) -> None:
             running.discard(k)
             net.detach(k)
     assert checked > 20  # the random states did make jobs slow each other
+
+
+@pytest.mark.parametrize("policy", ["aryl", "aryl-base", "aryl-elastic", "aryl-loan"])
+def test_the_aryl_policies_run_with_the_network(policy: str) -> None:
+    jobs = _mix(3).rename({"model": "comm_profile"})  # Aryl reads 'model' as a perf-catalog model (its curve)
+    res = run_one(RunSpec(policy, jobs, _cluster(), SimConfig(network=True, debug=True)))
+    assert res.summary["finished"] == jobs.height
+    assert res.summary["contention_gpu_h"] >= 0.0 and 0.0 <= res.summary["multi_node_share"] <= 1.0
+
+
+def test_aryl_jobs_sharing_a_nic_slow_each_other_down() -> None:
+    # 3 nodes of 8 GPUs; two jobs of 3 workers x 4 GPUs. Best fit puts a on nodes 0, 0, 1 and b on 1, 2, 2:
+    # both cross node 1's NIC
+    jobs = pl.DataFrame(
+        {
+            "job_id": ["a", "b"],
+            "submit_s": [0.0, 0.0],
+            "duration_s": [10_000.0, 10_000.0],
+            "num_gpus": [12, 12],
+            "min_workers": [3, 3],
+            "max_workers": [3, 3],
+            "gpus_per_worker": [4, 4],
+            "comm_profile": ["MoE", "MoE"],
+        }
+    )
+    cluster = _cluster(nodes=3)
+    off = run_one(RunSpec("aryl-base", jobs, cluster, SimConfig(debug=True)))
+    on = run_one(RunSpec("aryl-base", jobs, cluster, SimConfig(network=True, debug=True)))
+    assert off.jobs["finish_s"].to_list() == [10_000.0, 10_000.0]
+    assert all(f > 10_000.0 for f in on.jobs["finish_s"].to_list())
+    assert on.summary["contention_gpu_h"] > 0 and on.summary["multi_node_share"] == 1.0

@@ -252,6 +252,8 @@ def simulate(
             workers=workers,
             on_done=done,
             log=None if as_json else err.print,
+            inference=inference_load,
+            elastic=elastic_cfg,
         )
     else:
         results = run_policies(

@@ -1,6 +1,6 @@
 """Aryl (Lyra, EuroSys'23): loan idle inference servers to training and scale elastic jobs onto spare GPUs.
 
-The elastic simulator executes; these policies decide:
+The event core with its server-level placement (``sim.elastic``) executes; these policies decide:
 - phase 1 orders waiting jobs shortest first and admits each one's base demand when it fits;
 - phase 2 hands the GPUs left over to elastic jobs by a multiple-choice knapsack whose value is the
   reduction of each job's remaining time that extra workers buy (net of the pause a rescale costs);

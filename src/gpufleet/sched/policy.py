@@ -37,7 +37,8 @@ class Policy:
     scan_running: ClassVar[bool] = False
     #: a running job's key changes only through ``sim.rekey_running`` (so the heap entry holds it exactly)
     static_running_key: ClassVar[bool] = False
-    #: which simulator runs the policy: "gang" (fixed-size jobs, ``sim.engine``) or "elastic" (``sim.elastic``)
+    #: the placement the event core runs the policy with: "gang" (fixed-size jobs on node-level partitions,
+    #: ``sim.engine``) or "elastic" (jobs of workers on servers, with loaning and scaling: ``sim.elastic``)
     engine: ClassVar[str] = "gang"
     #: what the run must provide besides jobs and a cluster: "network" (a network model, ``--network``)
     needs: ClassVar[frozenset[str]] = frozenset()

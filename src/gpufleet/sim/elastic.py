@@ -1,42 +1,48 @@
-"""The elastic simulator: two pools, inference servers loaned to training, jobs that grow and shrink (Aryl).
+"""Aryl's jobs on the event core: two pools, inference servers loaned to training, jobs that grow and shrink.
 
-Time jumps between events: job arrivals and completions, changes of the inference load (which loan or
-reclaim whole servers) and scheduling rounds every ``interval_s``. At every instant where something
-changed, phase 1 admits waiting jobs' base demands shortest first, scaling in flexible workers when a
-waiting job needs their GPUs. At each round, phase 2 gives the GPUs left over to elastic jobs through
-the policy's knapsack. A job's progress rate is ``T(effective workers) / T(base workers)`` from the
-scaling curve, where a worker on a loaned server counts ``loan_speed`` of a training-server worker; every
-change of a running job's workers pauses it for ``scale_pause_s``; a job preempted by a reclaim returns
-to the queue, loses the work since its last checkpoint and pays ``restart_s`` when it resumes.
+:class:`ElasticSimulator` is the core of ``gpufleet.sim.engine`` (one event loop, one job state, one
+checkpoint rollback and one set of result frames) with a server-level placement: a job runs *workers* of
+``g`` GPUs, each on one server; its base demand (``min_workers``) is placed when it starts, best fit,
+training servers first, scaling in other jobs' flexible workers when it needs their GPUs; a fixed-size
+job is an elastic job with min = max workers. What Aryl adds are features of the core:
+``features.loaning`` (loaning and reclaiming inference servers as the inference load moves) and
+``features.knapsack`` (rounds every ``interval_s`` that give the GPUs left over to elastic jobs' extra
+workers). A job's progress rate is ``T(effective workers) / T(base workers)`` from the scaling curve, where
+a worker on a loaned server counts ``loan_speed`` of a training-server worker; every change of a running
+job's workers pauses it for ``scale_pause_s``.
 """
 
 from __future__ import annotations
 
 import heapq
-import math
-import time
 from array import array
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import polars as pl
 
 from gpufleet.sched.aryl import ArylPolicy
-from gpufleet.sched.reclaim import ReclaimInstance
 from gpufleet.sim.config import SimConfig
 from gpufleet.sim.elastic_jobs import ElasticConfig, assign_elastic, loan_speed_from_catalog
+from gpufleet.sim.engine import _COMPLETE, Simulator
+from gpufleet.sim.features.base import Feature
+from gpufleet.sim.features.inference import PoolGPUs, held_schedule, usage_over_window
+from gpufleet.sim.frames import job_frame, timeline_frame
+from gpufleet.sim.jobstate import RUNNING, UNSCHEDULABLE, WAITING, checkpoint_kept
 from gpufleet.sim.metrics import summarize, time_weighted_mean
+from gpufleet.sim.network import network_for_run
 from gpufleet.sim.result import SimResult
 from gpufleet.sim.scaling import PowerLawCurve, ScalingCurve
-from gpufleet.sim.servers import HELD, LOANED, TRAINING, Servers
-from gpufleet.sim.workload import Workload
+from gpufleet.sim.servers import DOWN, HELD, LOANED, TRAINING, Servers
+from gpufleet.sim.workload import Workload, partitions_for
 
-PENDING, WAITING, RUNNING, DONE, UNSCHEDULABLE = 0, 1, 2, 3, 4
-_INF = math.inf
+if TYPE_CHECKING:
+    from gpufleet.sim.failures import OutagePlan
+
+__all__ = ["ElasticSimulator", "held_schedule"]
 
 
-class ElasticSimulator:
+class ElasticSimulator(Simulator):
     """One run of one Aryl-family policy over one trace on a two-pool cluster; call :meth:`run` once."""
 
     def __init__(
@@ -48,20 +54,14 @@ class ElasticSimulator:
         elastic: ElasticConfig | None = None,
         inference: Any = None,
         curve: ScalingCurve | None = None,
+        outages: OutagePlan | None = None,
+        features: list[Feature] | None = None,
     ) -> None:
-        self.config = config or SimConfig()
         self.ecfg = elastic or ElasticConfig()
-        self.policy = policy
         jobs = jobs.sort("submit_s", maintain_order=True)
-        self.workload = Workload.from_frame(jobs)
-        w = self.workload
-        n = len(w)
-        self.n = n
+        workload = Workload.from_frame(jobs)
+        parts = partitions_for(cluster)  # raises when the cluster has no training pool
         training = cluster.training_pools
-        if not training:
-            from gpufleet.errors import SpecError
-
-            raise SpecError(f"cluster '{cluster.name}' has no training pool")
         inf_pools = cluster.inference_pools
         ls = self.ecfg.loan_speed
         if ls is None:
@@ -77,50 +77,54 @@ class ElasticSimulator:
         self.g: list[int] = ej.gpus_per_worker.tolist()
         self.wmin: list[int] = ej.min_workers.tolist()
         self.wmax: list[int] = ej.max_workers.tolist()
+        self.workload = workload
         self.curve = curve or PowerLawCurve()
         self.curve_of = self._job_curves(jobs, training[0])
-        self.submit: list[float] = w.submit.tolist()
-        self.duration: list[float] = w.duration.tolist()
-        self.gpus = [g * m for g, m in zip(self.g, self.wmin, strict=True)]
-        self.state = [PENDING] * n
-        self.remaining: list[float] = list(self.duration)
-        self.seg_start = [0.0] * n
-        self.seg_over = [0.0] * n
-        self.rate = [1.0] * n
         self.base_rate_t = [c.throughput(m) for c, m in zip(self.curve_of, self.wmin, strict=True)]
-        self.held_s = [0.0] * n
-        self.first_start = [math.nan] * n
-        self.finish = [math.nan] * n
-        self.preemptions = [0] * n
+        n = len(workload)
         self.scale_events = [0] * n
-        self.lost = [0.0] * n
         self.nbase = [0] * n
         self.nflex = [0] * n
         self.where: list[dict[int, None]] = [{} for _ in range(n)]
-        self._ver = [0] * n
-        self._events: list[tuple] = []
-        self._seq = 0
-        self._waiting: dict[tuple, list[tuple]] = {}
-        self._wver = [0] * n
         self.running: dict[int, None] = {}
-        self.n_waiting = 0
-        self.busy = 0
         self.busy_loaned = 0  # GPUs training holds on loaned servers
         self.eff = [0.0] * n  # effective workers (loaned-server workers count loan_speed)
         self.eff_flex = [0.0] * n
         self.counters = {"reclaims": 0, "reclaim_preemptions": 0, "scale_events": 0}
-        self.events_processed = 0
-        self._dirty = True
-        self._last_round: set[int] = set()
         self.inf_needed = len(self.srv.inference_ids)
         self._masks: dict[tuple[str | None, bool], np.ndarray] = {}
-        self._type_of: list[str | None] = [t.lower() if isinstance(t, str) else None for t in w.gpu_type]
-        self._resolve_schedulable()
+        self._type_of: list[str | None] = [t.lower() if isinstance(t, str) else None for t in workload.gpu_type]
         self._tl = {
             k: array("d")
             for k in ("t", "busy", "loaned_used", "loaned", "loaned_gpus", "inference", "needed", "queued", "running")
         }
-        policy.bind(self)  # type: ignore[arg-type]
+        # the first server of each training pool, in the order of partitions_for
+        starts = np.cumsum([0] + [p.nodes for p in cluster.pools]).tolist()
+        self._part_server = [
+            first for first, pool in zip(starts[:-1], cluster.pools, strict=True) if pool.kind == "training"
+        ]
+        # Aryl's features: loaning and reclaiming follow the inference load, knapsack rounds scale elastic jobs
+        feats: list[Feature] = []
+        if self.inference is not None:
+            from gpufleet.sim.features.loaning import InferenceLoans
+
+            feats.append(InferenceLoans(self.inference, self.ecfg.reclaim_notice_s))
+        if policy.elastic:
+            from gpufleet.sim.features.knapsack import KnapsackRounds
+
+            feats.append(KnapsackRounds(self.ecfg.interval_s))
+        feats.extend(features or ())
+        # network contention on the training fabric: each server's (training pool, node), -1 off the fabric
+        self._srv_part = [-1] * len(self.srv)
+        self._srv_node = [-1] * len(self.srv)
+        for p, first in enumerate(self._part_server):
+            for node in range(parts[p].nodes):
+                self._srv_part[first + node] = p
+                self._srv_node[first + node] = node
+        network = network_for_run(cluster, parts, jobs, config or SimConfig())
+        super().__init__(workload, parts, policy, config, outages, network, feats)
+        self.rate = self.seg_speed  # the progress rate of each job's current segment
+        self._netf: Any = next((f for f in self.features if f.name == "network"), None)
 
     # ------------------------------------------------------------------ setup
     def _job_curves(self, jobs: pl.DataFrame, pool: Any) -> list[ScalingCurve]:
@@ -146,8 +150,9 @@ class ElasticSimulator:
             out.append(cache[key])
         return out
 
-    def _resolve_schedulable(self) -> None:
-        """Jobs whose base demand fits no training pool are reported and never queued."""
+    def _resolve_allowed(self) -> list[tuple[int, ...]]:
+        """Jobs whose base demand fits no training pool are reported and never queued (the core's hook)."""
+        self.gpus = [g * m for g, m in zip(self.g, self.wmin, strict=True)]
         self.unschedulable: dict[str, int] = {}
         srv = self.srv
         for j in range(self.n):
@@ -160,6 +165,7 @@ class ElasticSimulator:
                 continue
             self.state[j] = UNSCHEDULABLE
             self.unschedulable[reason] = self.unschedulable.get(reason, 0) + 1
+        return [()] * self.n
 
     def _mask(self, j: int, loaned: bool) -> np.ndarray:
         """Servers job ``j`` may use: training servers of its GPU type (and loaned servers of any type)."""
@@ -175,12 +181,7 @@ class ElasticSimulator:
             self._masks[key] = m
         return m
 
-    # ------------------------------------------------------------------ progress
-    def progress_now(self, j: int, now: float) -> float:
-        """Base-demand work job ``j`` has done in its current segment."""
-        p = (now - self.seg_start[j] - self.seg_over[j]) * self.rate[j]
-        return 0.0 if p <= 0.0 else min(p, self.remaining[j])
-
+    # ------------------------------------------------------------------ workers on servers
     def _put(self, s: int, j: int, flexible: bool) -> None:
         """One more worker of job ``j`` on server ``s``, with every counter that depends on it."""
         g = self.g[j]
@@ -221,23 +222,58 @@ class ElasticSimulator:
         for _ in range(f):
             self._take(s, j, True)
 
-    def _close_segment(self, j: int, now: float) -> None:
-        prog = self.progress_now(j, now)
-        held = now - self.seg_start[j]
-        self.held_s[j] += held
-        self.remaining[j] -= prog
-        self.seg_over[j] = max(0.0, self.seg_over[j] - held)
-        self.seg_start[j] = now
+    # ------------------------------------------------------------------ segments
+    def _close_segment(self, j: int, now: float, account: bool = True) -> None:
+        """Bank running ``j``'s progress up to ``now`` before its workers (or its contention) change."""
+        if account and self._netf is not None:
+            self._netf.contention_gpu_s += self.network.lost(j) * (now - self.pseg_start[j]) * self.gpus[j]  # type: ignore[union-attr]
+        base = self.progress_now(j, now)
+        over = self.seg_over[j] - (now - self.pseg_start[j])
+        self.seg_over[j] = over if over > 0.0 else 0.0
+        self.pseg_start[j] = now
+        self.pseg_base[j] = base
 
-    def _new_segment(self, j: int, now: float, pause: float) -> None:
-        """Start a segment with the job's current workers; schedule its completion."""
-        self.seg_start[j] = now
+    def _new_segment(self, j: int, now: float, pause: float, attach: bool = True) -> None:
+        """Go on with the job's current workers (after ``pause`` s at least); schedule its completion.
+
+        With the network on, ``attach`` puts the job's links (its training servers' NICs and racks) in the
+        network model first; its speed is the scaling curve's times its contention ratio."""
         self.seg_over[j] = max(self.seg_over[j], pause)
-        self.rate[j] = self.curve_of[j].throughput(self.eff[j]) / self.base_rate_t[j]
-        fin = now + self.seg_over[j] + self.remaining[j] / self.rate[j]
+        rate = self.curve_of[j].throughput(self.eff[j]) / self.base_rate_t[j]
+        net = self.network
+        if net is not None:
+            if attach:
+                self._attach(j)
+            rate *= net.committed.get(j, 1.0)
+        self.seg_speed[j] = rate
+        fin = now + self.seg_over[j] + (self.remaining[j] - self.pseg_base[j]) / rate
+        self.expected_finish[j] = fin
+        self._event_at[j] = fin
         self._ver[j] += 1
         self._seq += 1
-        heapq.heappush(self._events, (fin, 0, self._seq, j, self._ver[j]))
+        heapq.heappush(self._events, (fin, _COMPLETE, self._seq, j, self._ver[j]))
+
+    def _attach(self, j: int) -> None:
+        """(Re)attach running ``j`` to the network on its training servers (those of the pool holding most)."""
+        net = self.network
+        assert net is not None and self._netf is not None
+        touched = net.detach(j) if j in net.links else []
+        by_part: dict[int, list[tuple[int, int]]] = {}
+        for s in self.where[j]:
+            p = self._srv_part[s]
+            if p >= 0:
+                b, f = self.srv.occ[s][j]
+                by_part.setdefault(p, []).append((self._srv_node[s], (b + f) * self.g[j]))
+        if by_part:
+            p = max(by_part, key=lambda q: (len(by_part[q]), -q))
+            touched += net.attach(j, p, sorted(by_part[p]))
+            net.rate(j)  # puts its contention ratio in force
+        self._netf._dirty.update(dict.fromkeys(touched))
+
+    def change_speed(self, k: int, now: float, new: float) -> None:
+        """Running ``k``'s contention changed (the network feature has put its new ratio in force)."""
+        self._close_segment(k, now, account=False)
+        self._new_segment(k, now, 0.0, attach=False)
 
     def _rescaled(self, j: int, now: float) -> None:
         """Job ``j``'s workers changed while it ran: account the old segment, pause, continue."""
@@ -245,21 +281,54 @@ class ElasticSimulator:
         self.counters["scale_events"] += 1
         self._new_segment(j, now, self.ecfg.scale_pause_s)
 
-    # ------------------------------------------------------------------ waiting queue
-    def _push_waiting(self, j: int) -> None:
-        key = self.policy.waiting_key(j, 0.0)
-        ck = (self.wmin[j], self.g[j], self._type_of[j] or "")
-        h = self._waiting.setdefault(ck, [])
-        self._seq += 1
-        heapq.heappush(h, (key, self._seq, j, self._wver[j]))
+    # ------------------------------------------------------------------ transitions (the core's hooks)
+    def _arrive(self, j: int) -> None:
+        self._class_of[j] = (self.wmin[j], self.g[j], self._type_of[j] or "")  # type: ignore[assignment]
+        self.state[j] = WAITING
+        self.n_waiting += 1
+        self.waiting_gpus += self.gpus[j]
+        self._push_waiting(j)
 
-    def _head(self, ck: tuple) -> tuple | None:
-        h = self._waiting[ck]
-        while h and (h[0][3] != self._wver[h[0][2]] or self.state[h[0][2]] != WAITING):
-            heapq.heappop(h)
-        return h[0] if h else None
+    def running_jobs(self) -> list[int]:
+        """Every running job."""
+        return list(self.running)
 
-    # ------------------------------------------------------------------ placement
+    def _begin(self, j: int, now: float) -> None:
+        """Job ``j``'s base demand is placed: it runs from ``now``."""
+        self._wver[j] += 1
+        self.state[j] = RUNNING
+        self.n_waiting -= 1
+        self.waiting_gpus -= self.gpus[j]
+        self.running[j] = None
+        self.n_running += 1
+        if self.first_start[j] != self.first_start[j]:
+            self.first_start[j] = now
+        pause = self.config.restart_s if self.restarts[j] else 0.0
+        if self._penalty:
+            pause += self._penalty.pop(j, 0.0)
+        self.seg_start[j] = now
+        self.pseg_start[j] = now
+        self.pseg_base[j] = 0.0
+        self.seg_over[j] = 0.0
+        self.token[j] += 1
+        self._new_segment(j, now, pause)
+        self.policy.on_start(j, now)
+
+    def _stop_segment(self, j: int, now: float) -> float:
+        prog = self.progress_now(j, now)
+        for hook in self._stop_hooks:
+            hook(j, now)
+        held = now - self.seg_start[j]
+        self.held_s[j] += held
+        self.attained[j] += held * self.gpus[j]
+        self.useful[j] += prog
+        self._release_all(j)
+        del self.running[j]
+        self.n_running -= 1
+        self._ver[j] += 1
+        self.token[j] += 1
+        return prog
+
     def _release_all(self, j: int) -> None:
         for s in list(self.where[j]):
             self._take_all_on(s, j)
@@ -308,327 +377,55 @@ class ElasticSimulator:
             self._put(s, j, False)
         for v in touched:
             self._rescaled(v, now)
-        self._start(j, now)
+        self._begin(j, now)
         return True
 
-    def _start(self, j: int, now: float) -> None:
-        self._wver[j] += 1
-        self.state[j] = RUNNING
-        self.n_waiting -= 1
-        self.running[j] = None
-        if self.first_start[j] != self.first_start[j]:
-            self.first_start[j] = now
-        self.seg_over[j] = 0.0
-        pause = self.config.restart_s if self.preemptions[j] else 0.0
-        self._new_segment(j, now, pause)
-
-    # ------------------------------------------------------------------ phase 1
-    def _phase1(self, now: float) -> None:
+    def _schedule(self) -> None:
+        """Admit waiting jobs' base demands, best first; a class whose best job does not fit is skipped (its
+        other jobs are the same size and worse)."""
         if not self.n_waiting:
             return
+        now = self.now
         heads = []
-        for ck in list(self._waiting):
+        for ck in self._class_keys:
             e = self._head(ck)
             if e is not None:
                 heads.append((e, ck))
         heads.sort()
         while heads:
             entry, ck = heads.pop(0)
-            j = entry[2]
-            if self._admit(j, now):
+            if self._admit(entry[2], now):
                 e = self._head(ck)
                 if e is not None:
                     heads.append((e, ck))
                     heads.sort()
-            # a class whose best job does not fit is skipped: its other jobs are the same size
 
-    # ------------------------------------------------------------------ phase 2
-    def _phase2(self, now: float) -> None:
-        """Knapsack round: leftover GPUs to elastic running jobs' extra workers."""
-        srv = self.srv
-        cand = [j for j in self.running if self.wmax[j] > self.wmin[j]]
-        if not cand:
-            return
-        free_train = srv.free_in[TRAINING] + srv.flex_in[TRAINING]
-        free_loan = srv.free_in[LOANED] + srv.flex_in[LOANED] if self.loans else 0
-        capacity = free_train + free_loan
-        if capacity <= 0:
-            return
-        # Nothing to hand out and no newcomer to hand it to: no GPU is free for another worker of any job below
-        # its maximum, and every candidate already took part in the last solve. The allocation chosen then
-        # stands (its values only drift as remaining times shrink), so the round is skipped.
-        free_now = srv.free_in[TRAINING] + (srv.free_in[LOANED] if self.loans else 0)
-        newcomers = any(j not in self._last_round for j in cand)
-        if not newcomers and all(free_now < self.g[j] or self.nflex[j] >= self.wmax[j] - self.wmin[j] for j in cand):
-            return
-        factor = (free_train + self.loan_speed * free_loan) / capacity
-        rows = np.array(
-            [
-                (
-                    self.g[j],
-                    self.nflex[j],
-                    self.wmax[j] - self.wmin[j],
-                    self.remaining[j] - self.progress_now(j, now),
-                    self.rate[j],
-                    self.eff[j] - self.eff_flex[j],
-                    self.wmin[j],
-                )
-                for j in cand
-            ]
-        )
-        g = rows[:, 0].astype(np.int64)
-        extra_now = rows[:, 1].astype(np.int64)
-        extra_max = np.maximum(np.minimum(rows[:, 2].astype(np.int64), capacity // g), extra_now)
-        choice = self.policy.extra_workers(
-            rows[:, 3],
-            rows[:, 4],
-            rows[:, 5],
-            rows[:, 6],
-            extra_now,
-            extra_max,
-            g,
-            capacity,
-            factor,
-            self.ecfg.scale_pause_s,
-            self._throughput_rows(cand),
-        )
-        self._last_round = set(cand)
-        changed: set[int] = set()
-        # shrink first (training servers first, so flexible workers stay on loaned servers)
-        for j, k in zip(cand, choice.tolist(), strict=True):
-            if k < self.nflex[j]:
-                self._close_segment(j, now)
-                self._drop_flex(j, self.nflex[j] - k)
-                changed.add(j)
-        # then grow, biggest workers first (best-fit decreasing), loaned servers first
-        grow = sorted(
-            (j for j, k in zip(cand, choice.tolist(), strict=True) if k > self.nflex[j]), key=lambda x: (-self.g[x], x)
-        )
-        want = dict(zip(cand, choice.tolist(), strict=True))
-        for j in grow:
-            need = want[j] - self.nflex[j]
-            places = (
-                srv.best_fit_many(self.g[j], need, self._mask(j, True) & (srv.group == LOANED)) if self.loans else []
-            )
-            if len(places) < need:
-                places += srv.best_fit_many(self.g[j], need - len(places), self._mask(j, False))
-            if not places:
-                continue
-            self._close_segment(j, now)
-            for s in places:
-                self._put(s, j, True)
-            changed.add(j)
-        for j in changed:
-            self._rescaled(j, now)
-
-    def _throughput_rows(self, cand: list[int]):
-        """``f(w)`` for a matrix ``w`` with one row per candidate job: each row through that job's curve."""
-        curves = [self.curve_of[j] for j in cand]
-        alpha = {c.alpha for c in curves if isinstance(c, PowerLawCurve)}
-        if len(alpha) == 1 and all(isinstance(c, PowerLawCurve) for c in curves):
-            a = alpha.pop()
-            return lambda w: np.where(w > 0, np.maximum(w, 0.0) ** a, 0.0)
-
-        def per_row(w: np.ndarray) -> np.ndarray:
-            return np.array([[c.throughput(float(x)) for x in row] for c, row in zip(curves, w, strict=True)])
-
-        return per_row
-
-    def _drop_flex(self, j: int, count: int) -> None:
-        """Remove ``count`` flexible workers of ``j``: training servers first, then loaned ones."""
-        srv = self.srv
-        order = sorted(self.where[j], key=lambda s: (srv.group[s] != TRAINING, s))
-        for s in order:
-            while count and srv.occ[s].get(j, (0, 0))[1] > 0:
-                self._take(s, j, True)
-                count -= 1
-            if not count:
-                return
-
-    # ------------------------------------------------------------------ loaning and reclaiming
-    def _apply_load(self, servers_needed: int, now: float) -> None:
-        srv = self.srv
-        pool = len(srv.inference_ids)
-        self.inf_needed = servers_needed
-        target = max(0, pool - servers_needed) if self.loans else 0
-        loaned = srv.loaned
-        if len(loaned) < target:
-            held = srv.inference_ids[srv.group[srv.inference_ids] == HELD]
-            take = held[::-1][: target - len(loaned)]
-            self._move(take, LOANED)
-        elif len(loaned) > target:
-            self._reclaim(loaned, len(loaned) - target, now)
-
+    # ------------------------------------------------------------------ servers changing hands
     def _move(self, servers: np.ndarray, group: int) -> None:
-        """Hand empty ``servers`` to ``group`` (LOANED or HELD); the cached placement masks go stale."""
+        """Hand empty ``servers`` to ``group`` (LOANED, HELD, DOWN, TRAINING); cached placement masks go stale."""
         self.srv.move(servers, group)
         self._masks.clear()
 
-    def _checkpointed(self, done: float) -> float:
-        """Progress a job keeps of ``done`` when stopped now: its last checkpoint (all of it without checkpoints)."""
-        ckpt = self.config.checkpoint_interval_s
-        return math.floor(done / ckpt) * ckpt if ckpt > 0 else done
+    def _checkpointed(self, j: int, done: float) -> float:
+        """Progress job ``j`` keeps of ``done`` when stopped now: its last checkpoint, never behind its resume."""
+        return checkpoint_kept(self.duration[j] - self.remaining[j], done, self.config.checkpoint_interval_s)
 
-    def _reclaim(self, loaned: np.ndarray, count: int, now: float) -> None:
-        srv = self.srv
-        if self.policy.opts["reclaim"] != "random":
-            # idle loaned servers cost nothing and use no GPUs: the cost greedy and fewest-jobs both return
-            # them first, lowest id first, so they go back without building the full instance
-            empty = loaned[srv.free[loaned] == srv.cap[loaned]][:count]
-            if len(empty):
-                self.counters["reclaims"] += len(empty)
-                self._move(empty, HELD)
-                count -= len(empty)
-                loaned = loaned[srv.group[loaned] == LOANED]
-            if count <= 0:
-                return
-        on_server = {int(s): {j: b + f for j, (b, f) in srv.occ[s].items()} for s in loaned}
-        jobs = {j for occ in on_server.values() for j in occ}
-        lost = {}
-        for j in jobs:
-            done = self.duration[j] - self.remaining[j] + self.progress_now(j, now)
-            lost[j] = (done - self._checkpointed(done)) * self.gpus[j]
-        inst = ReclaimInstance(
-            servers=tuple(int(s) for s in loaned),
-            on_server=on_server,
-            workers={j: self.nbase[j] + self.nflex[j] for j in jobs},
-            min_workers={j: self.wmin[j] for j in jobs},
-            gpus_used={int(s): int(srv.cap[s] - srv.free[s]) for s in loaned},
-            lost_work=lost,
-        )
-        back = self.policy.servers_to_return(inst, count, seed=self.ecfg.seed + self.counters["reclaims"])
-        self.counters["reclaims"] += len(back)
-        hit: set[int] = set()
-        for s in back:
-            for j in list(srv.occ[s]):
-                if j not in hit:
-                    self._close_segment(j, now)
-                    hit.add(j)
-                self._take_all_on(s, j)
-            self._move(np.array([s]), HELD)
-        for j in sorted(hit):
-            if self.nbase[j] + self.nflex[j] < self.wmin[j]:
-                self._preempt(j, now)
-            else:
-                self._rebalance_base(j)
-                self._rescaled(j, now)
+    def _server(self, p: int, node: int) -> int:
+        return int(self._part_server[p]) + node
 
-    def _rebalance_base(self, j: int) -> None:
-        """After losing base workers, make flexible workers elsewhere base workers again."""
-        srv = self.srv
-        for s in self.where[j]:
-            while self.nbase[j] < self.wmin[j] and srv.occ[s][j][1] > 0:
-                srv.flex_to_base(s, j, self.g[j])
-                self.nflex[j] -= 1
-                self.nbase[j] += 1
-                self.eff_flex[j] -= float(srv.speed[s])
+    def jobs_on_node(self, p: int, node: int) -> list[int]:
+        """The running jobs with a worker on node ``node`` of training pool ``p``."""
+        return list(self.srv.occ[self._server(p, node)])
 
-    def _preempt(self, j: int, now: float) -> None:
-        """A reclaim took part of job ``j``'s base demand: back to the queue from its last checkpoint."""
-        self._release_all(j)
-        del self.running[j]
-        self._ver[j] += 1
-        dur = self.duration[j]
-        done = dur - self.remaining[j]
-        if self.ecfg.reclaim_notice_s <= 0:  # with notice, the job checkpoints before its servers go
-            kept = self._checkpointed(done)
-            self.lost[j] += done - kept
-            self.remaining[j] = dur - kept
-        self.preemptions[j] += 1
-        self.counters["reclaim_preemptions"] += 1
-        self.seg_over[j] = 0.0
-        self.state[j] = WAITING
-        self.n_waiting += 1
-        self._wver[j] += 1
-        self._push_waiting(j)
+    def node_down(self, p: int, node: int) -> None:
+        """Node ``node`` of training pool ``p`` (emptied by the caller) goes out of service."""
+        self._move(np.array([self._server(p, node)]), DOWN)
 
-    def _finish(self, j: int, now: float) -> None:
-        self._close_segment(j, now)
-        self._release_all(j)
-        del self.running[j]
-        self.remaining[j] = 0.0
-        self.state[j] = DONE
-        self.finish[j] = now
+    def node_up(self, p: int, node: int) -> None:
+        """Node ``node`` of training pool ``p`` is back in service."""
+        self._move(np.array([self._server(p, node)]), TRAINING)
 
-    # ------------------------------------------------------------------ main loop
-    def run(self) -> SimResult:
-        """Simulate until every schedulable job has finished; Ctrl-C stops early with partial results."""
-        wall0 = time.perf_counter()
-        interrupted = False
-        try:
-            self._loop()
-        except KeyboardInterrupt:
-            interrupted = True
-        return self._result(time.perf_counter() - wall0, interrupted)
-
-    def _loop(self) -> None:
-        n = self.n
-        submit = self.submit
-        state = self.state
-        events = self._events
-        load = self.inference
-        if load is not None:
-            times, values = held_schedule(
-                np.asarray(load.time_s, dtype=np.float64),
-                np.asarray(load.servers, dtype=np.int64),
-                self.ecfg.reclaim_notice_s,
-            )
-            lt, lv = times.tolist(), values.tolist()
-        else:
-            lt, lv = [], []
-        li = 0
-        interval = self.ecfg.interval_s
-        elastic = self.policy.elastic
-        next_round = (submit[0] if n else 0.0) + interval
-        a = 0
-        count = 0
-        while True:
-            while a < n and state[a] == UNSCHEDULABLE:
-                a += 1
-            pending = a < n or self.running or self.n_waiting
-            if not pending:
-                break
-            ta = submit[a] if a < n else _INF
-            te = events[0][0] if events else _INF
-            tl = lt[li] if li < len(lt) else _INF
-            tr = next_round if elastic else _INF
-            t = min(ta, te, tl, tr)
-            if t == _INF:
-                break
-            t = max(t, 0.0) if t < 0 else t
-            changed = False
-            while events and events[0][0] <= t:
-                _, _, _, j, ver = heapq.heappop(events)
-                if ver == self._ver[j] and state[j] == RUNNING:
-                    self._finish(j, t)
-                    changed = True
-            while li < len(lt) and lt[li] <= t:
-                self._apply_load(lv[li], t)
-                li += 1
-                changed = True
-            while a < n and submit[a] <= t:
-                if state[a] == PENDING:
-                    state[a] = WAITING
-                    self.n_waiting += 1
-                    self._push_waiting(a)
-                    changed = True
-                a += 1
-            if changed:
-                self._dirty = True
-                self._phase1(t)
-            if elastic and t >= next_round:
-                if self._dirty:
-                    self._phase2(t)
-                    self._dirty = False
-                next_round = t + interval
-            count += 1
-            self._record(t)
-            if self.config.debug:
-                self.check_invariants()
-            if not self.running and not self.n_waiting and a >= n:
-                break
-        self.events_processed = count
-
+    # ------------------------------------------------------------------ timeline
     def _record(self, t: float) -> None:
         tl = self._tl
         if tl["t"] and tl["t"][-1] == t:
@@ -673,42 +470,26 @@ class ElasticSimulator:
     def _result(self, wall: float, interrupted: bool) -> SimResult:
         w = self.workload
         now = self._tl["t"][-1] if self._tl["t"] else 0.0
-        for j in list(self.running):  # unfinished runs count the time held so far
-            self._close_segment(j, now)
-        finish = np.array(self.finish)
-        jct = finish - w.submit
         held = np.array(self.held_s)
-        jobs = pl.DataFrame(
-            {
-                "job_id": w.job_id,
-                "vc": w.vc,
-                "num_gpus": w.gpus,
-                "submit_s": w.submit,
-                "duration_s": w.duration,
-                "start_s": np.array(self.first_start),
-                "finish_s": finish,
-                "jct_s": jct,
-                "queue_s": jct - held,
-                "preemptions": np.array(self.preemptions, dtype=np.int64),
-                "scale_events": np.array(self.scale_events, dtype=np.int64),
-                "max_workers": np.array(self.wmax, dtype=np.int64),
-                "min_workers": np.array(self.wmin, dtype=np.int64),
-            },
-            schema_overrides={"vc": pl.Utf8, "job_id": pl.Utf8},
-        )
+        for j in self.running:  # unfinished runs count the time held so far
+            held[j] += now - self.seg_start[j]
+        extra: dict[str, Any] = {"scale_events": self.scale_events, "max_workers": self.wmax, "min_workers": self.wmin}
+        for f in self.features:
+            extra.update(f.job_columns())
+        jobs = job_frame(w, self.first_start, self.finish, held, self.preemptions, extra)
         tl = {k: np.frombuffer(v, dtype=np.float64) for k, v in self._tl.items()}
-        timeline = pl.DataFrame(
+        timeline = timeline_frame(
+            tl["t"],
             {
-                "time_s": tl["t"],
-                "busy_gpus": tl["busy"].astype(np.int64),
-                "queued_jobs": tl["queued"].astype(np.int64),
-                "running_jobs": tl["running"].astype(np.int64),
-                "loaned_servers": tl["loaned"].astype(np.int64),
-                "loaned_gpus_used": tl["loaned_used"].astype(np.int64),
-                "loaned_gpus": tl["loaned_gpus"].astype(np.int64),
-                "inference_gpus": tl["inference"].astype(np.int64),
-                "inference_servers_needed": tl["needed"].astype(np.int64),
-            }
+                "busy_gpus": tl["busy"],
+                "queued_jobs": tl["queued"],
+                "running_jobs": tl["running"],
+                "loaned_servers": tl["loaned"],
+                "loaned_gpus_used": tl["loaned_used"],
+                "loaned_gpus": tl["loaned_gpus"],
+                "inference_gpus": tl["inference"],
+                "inference_servers_needed": tl["needed"],
+            },
         )
         meta: dict[str, Any] = {
             "events": self.events_processed,
@@ -724,6 +505,8 @@ class ElasticSimulator:
         on_training = timeline.with_columns(pl.col("busy_gpus") - pl.col("loaned_gpus_used"))
         summary = summarize(self.policy.name, jobs, on_training, total, wall, meta)
         summary.update(self._aryl_metrics(timeline))
+        for f in self.features:
+            summary.update(f.summary(jobs, timeline))
         return SimResult(self.policy.name, summary, jobs, timeline, total, meta)
 
     def _aryl_metrics(self, timeline: pl.DataFrame) -> dict[str, Any]:
@@ -750,62 +533,3 @@ class ElasticSimulator:
             "elastic_jobs": int(sum(1 for a, b in zip(self.wmin, self.wmax, strict=True) if b > a)),
         }
         return out
-
-
-def held_schedule(time_s: np.ndarray, servers: np.ndarray, notice_s: float) -> tuple[np.ndarray, np.ndarray]:
-    """Servers inference keeps (not loanable) over time when reclaims need ``notice_s`` seconds of notice.
-
-    A server must be back ``notice_s`` before inference needs it, but is loaned only once inference no longer
-    needs it, so the held count at ``t`` is the most servers needed anywhere in ``[t, t + notice_s]``. Steps
-    whose value repeats the previous one are dropped (fewer simulator events).
-    """
-    if notice_s > 0:
-        times = np.unique(np.concatenate((time_s, np.maximum(time_s - notice_s, time_s[0]))))
-        lo = np.searchsorted(time_s, times, side="right") - 1
-        hi = np.searchsorted(time_s, times + notice_s, side="right")  # steps starting by t + notice
-        prefix = [servers[a : max(b, a + 1)].max() for a, b in zip(lo.tolist(), hi.tolist(), strict=True)]
-        values = np.asarray(prefix, dtype=np.int64)
-    else:
-        times, values = time_s, servers
-    keep = np.ones(len(values), dtype=bool)
-    keep[1:] = values[1:] != values[:-1]
-    return times[keep], values[keep]
-
-
-@dataclass(frozen=True)
-class PoolGPUs:
-    """The GPU capacities the usage metric divides by: training pools, inference pools, GPUs per inference server."""
-
-    training: int
-    inference: int
-    per_inference_server: int
-
-    @classmethod
-    def of(cls, cluster: Any) -> PoolGPUs:
-        per = max((p.gpus_per_node for p in cluster.inference_pools), default=0)
-        return cls(cluster.total_gpus("training"), cluster.total_gpus("inference"), per)
-
-
-def usage_over_window(
-    time_s: np.ndarray, busy_gpus: np.ndarray, inference: Any, pools: PoolGPUs, start: float, end: float
-) -> float:
-    """GPU-time allocated to training and to inference over the capacity of both pools, in [start, end].
-
-    Measured over the trace's arrival window so that the drain after the last arrival does not dilute it.
-    Inference holds ``servers_needed x GPUs per server`` of its load; with no load, the inference pool
-    counts as fully held.
-    """
-    if end <= start:
-        return float("nan")
-    train = time_weighted_mean(time_s, busy_gpus, start, end)
-    if inference is None or not pools.per_inference_server:
-        inf = pools.inference
-    else:
-        inf = time_weighted_mean(
-            np.asarray(inference.time_s, dtype=np.float64),
-            np.asarray(inference.servers, dtype=np.float64) * pools.per_inference_server,
-            start,
-            end,
-        )
-    cap = pools.training + pools.inference
-    return float((train + inf) / cap) if cap else float("nan")

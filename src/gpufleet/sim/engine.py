@@ -16,24 +16,26 @@ from array import array
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import polars as pl
 
 from gpufleet.sched.policy import Policy
 from gpufleet.sim.config import SimConfig
-from gpufleet.sim.failures import DRAIN_DOWN, FAIL_DOWN, NODE_UP, OutagePlan
+from gpufleet.sim.features.base import Feature, overrides
+from gpufleet.sim.frames import job_frame, timeline_frame
+from gpufleet.sim.jobstate import DONE, PENDING, RUNNING, UNSCHEDULABLE, WAITING, checkpoint_kept
 from gpufleet.sim.metrics import summarize
 from gpufleet.sim.partition import Allocation, Partition
 from gpufleet.sim.result import SimResult
 from gpufleet.sim.workload import Workload
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from gpufleet.sim.failures import OutagePlan
     from gpufleet.sim.network import NetworkState
 
 _INF = math.inf
 # event kinds; at equal times completions go first (they free GPUs), then timers, then wakeups
 _COMPLETE, _TIMER, _WAKEUP, _UNPROTECT = 0, 1, 2, 3
-# job states
-PENDING, WAITING, RUNNING, DONE, UNSCHEDULABLE = 0, 1, 2, 3, 4
 
 
 class Simulator:
@@ -47,6 +49,7 @@ class Simulator:
         config: SimConfig | None = None,
         outages: OutagePlan | None = None,
         network: NetworkState | None = None,
+        features: list[Feature] | None = None,
     ) -> None:
         self.workload = workload
         self.parts = partitions
@@ -80,7 +83,6 @@ class Simulator:
         self.preemptions = [0] * n
         self.useful = [0.0] * n  # progress made, counting work later lost
         self.lost = [0.0] * n  # progress rolled back to a checkpoint
-        self.interruptions = [0] * n  # kills by node failures (see gpufleet.sim.failures)
         self.restarts = [0] * n  # resumes from a checkpoint: preemptions, failures and drains
         self.alloc: list[Allocation | None] = [None] * n
         self.part_of = [-1] * n
@@ -120,22 +122,29 @@ class Simulator:
         self._tl_busy = array("q")
         self._tl_queued = array("q")
         self._tl_running = array("q")
-        # node outages (failures, drains): a cursor into the plan's event stream; down nodes hold all their GPUs
-        self.outages = outages
-        self._oi = 0
-        self._down = [0] * len(partitions)  # GPUs out of service, per partition
+        self._down = [0] * len(partitions)  # GPUs out of service (down nodes hold all theirs), per partition
         self._penalty: dict[int, float] = {}  # extra restore time of a job's next start (a drain's checkpoint)
-        self._out_stats = {
-            "job_interruptions": 0,
-            "lost_failures_gpu_s": 0.0,
-            "drain_moves": 0,
-            "drain_cost_gpu_s": 0.0,
-        }
+        # features (gpufleet.sim.features): the core calls each through the hooks it overrides
+        feats = list(features or ())
         # network contention between multi-node jobs (gpufleet.sim.network); None: jobs run at placement speed
         self.network = network
-        self._contention_gpu_s = 0.0
-        # running jobs whose links changed during this scheduling pass: re-rated once, when the pass ends
-        self._dirty: dict[int, None] = {}
+        if network is not None:
+            from gpufleet.sim.features.network import NetworkFeature
+
+            feats.append(NetworkFeature(network))
+        self.outages = outages
+        if outages is not None:
+            from gpufleet.sim.features.outages import OutageFeature
+
+            feats.append(OutageFeature(outages))
+        self.features = feats
+        for f in feats:
+            f.bind(self)
+        self._speed_hooks = [f.start_speed for f in feats if overrides(f, "start_speed")]
+        self._stop_hooks = [f.on_stop for f in feats if overrides(f, "on_stop")]
+        self._pass_hooks = [f.end_pass for f in feats if overrides(f, "end_pass")]
+        self._timed = [f for f in feats if overrides(f, "next_time")]
+        self._stepped = [f for f in feats if overrides(f, "end_step")]
         policy.bind(self)
 
     # ------------------------------------------------------------------ setup
@@ -204,6 +213,11 @@ class Simulator:
                 best = h[0][0]
         return best
 
+    def jobs_on_node(self, p: int, node: int) -> list[int]:
+        """The running jobs of partition ``p`` that hold GPUs of node ``node``."""
+        alloc = self.alloc
+        return [j for j in self._running[p] if any(n == node for n, _ in alloc[j])]  # type: ignore[union-attr]
+
     def running_jobs(self) -> list[int]:
         """Every running job (all partitions)."""
         out: list[int] = []
@@ -252,12 +266,9 @@ class Simulator:
         self.state[j] = RUNNING
         self.alloc[j] = alloc
         self.part_of[j] = p
-        net = self.network
-        if net is not None:
-            touched = net.attach(j, p, alloc)
-            speed = net.rate(j)
-        else:
-            speed = 1.0 if len(alloc) <= part.ideal_nodes(g) else 1.0 - self.config.placement_penalty
+        speed = 1.0 if len(alloc) <= part.ideal_nodes(g) else 1.0 - self.config.placement_penalty
+        for hook in self._speed_hooks:
+            speed = hook(j, p, alloc, speed)
         resumed = self.restarts[j]
         over = self.config.restart_s if resumed else 0.0
         if self._penalty:
@@ -294,17 +305,12 @@ class Simulator:
         self.n_running += 1
         self.token[j] += 1
         self.policy.on_start(j, now)
-        if net is not None:
-            self._dirty.update(dict.fromkeys(touched))
 
     def _stop_segment(self, j: int, now: float) -> float:
         """Close the running segment of ``j`` at ``now``; returns the progress it made."""
         prog = self.progress_now(j, now)
-        net = self.network
-        touched = ()
-        if net is not None:
-            self._contention_gpu_s += net.lost(j) * (now - self.pseg_start[j]) * self.gpus[j]
-            touched = net.detach(j)
+        for hook in self._stop_hooks:
+            hook(j, now)
         held = now - self.seg_start[j]
         self.held_s[j] += held
         self.attained[j] += held * self.gpus[j]
@@ -319,27 +325,10 @@ class Simulator:
         self._churn += self.gpus[j]
         self.n_running -= 1
         self.token[j] += 1
-        if touched:
-            self._dirty.update(dict.fromkeys(touched))
         return prog
 
-    def _rerate(self, now: float) -> None:
-        """Give every running job whose links changed in this pass its new speed (same instant: exact)."""
-        dirty = self._dirty
-        state = self.state
-        for k in dirty:
-            if state[k] == RUNNING:
-                self._resegment(k, now)
-        dirty.clear()
-
-    def _resegment(self, k: int, now: float) -> None:
-        """Running job ``k``'s contention changed at ``now``: bank its progress and go on at the new speed."""
-        net = self.network
-        lost = net.lost(k)  # type: ignore[union-attr]  # the loss up to now, before the new ratio applies
-        new = net.rate(k)  # type: ignore[union-attr]
-        if new == self.seg_speed[k]:
-            return
-        self._contention_gpu_s += lost * (now - self.pseg_start[k]) * self.gpus[k]
+    def change_speed(self, k: int, now: float, new: float) -> None:
+        """Running job ``k`` goes on at speed ``new`` from ``now``: bank its progress, move its completion."""
         base = self.progress_now(k, now)
         over = self.seg_over[k] - (now - self.pseg_start[k])
         over = over if over > 0.0 else 0.0
@@ -360,78 +349,55 @@ class Simulator:
             self._push_running(k)
 
     def _preempt(self, j: int, now: float) -> None:
+        self.evict(j, now, lossy=True, preempted=True)
+
+    def evict(
+        self,
+        j: int,
+        now: float,
+        lossy: bool,
+        preempted: bool = False,
+        before_requeue: Callable[[int], None] | None = None,
+    ) -> tuple[float, float]:
+        """Stop running ``j`` and queue it again: ``lossy`` rolls it back to its last checkpoint (a preemption,
+        a failure), else it keeps all its progress (a checkpoint first, as a drain takes). It pays
+        ``restart_s`` when it resumes. Returns (progress made, progress kept)."""
         prog = self._stop_segment(j, now)
         dur = self.duration[j]
         before = dur - self.remaining[j]  # resumed from here: a checkpoint (or the start)
         done = before + prog
-        ci = self.config.checkpoint_interval_s
-        kept = max(before, math.floor(done / ci) * ci) if ci > 0 else done
+        kept = checkpoint_kept(before, done, self.config.checkpoint_interval_s) if lossy else done
         self.lost[j] += done - kept
         self.remaining[j] = dur - kept
-        self.preemptions[j] += 1
+        if preempted:
+            self.preemptions[j] += 1
+        if before_requeue is not None:
+            before_requeue(j)
         self.restarts[j] += 1
         self.state[j] = WAITING
         self.n_waiting += 1
         self.waiting_gpus += self.gpus[j]
         self._push_waiting(j)
         self.policy.on_preempt(j, now)
+        return done, kept
 
-    def _interrupt(self, j: int, now: float, lossy: bool) -> None:
-        """Take running ``j`` off a node that goes out: a failure (``lossy``) rolls it back to its last
-        checkpoint, a drain checkpoints it first; either way it waits to restart and pays ``restart_s``."""
-        prog = self._stop_segment(j, now)
-        dur = self.duration[j]
-        before = dur - self.remaining[j]
-        done = before + prog
-        g = self.gpus[j]
-        stats = self._out_stats
-        if lossy:
-            ci = self.config.checkpoint_interval_s
-            kept = max(before, math.floor(done / ci) * ci) if ci > 0 else done
-            self.lost[j] += done - kept
-            self.interruptions[j] += 1
-            stats["job_interruptions"] += 1
-            stats["lost_failures_gpu_s"] += (done - kept + self.config.restart_s) * g
-        else:
-            kept = done
-            save = self.outages.settings.checkpoint_save_s  # type: ignore[union-attr]
-            self._penalty[j] = save
-            stats["drain_moves"] += 1
-            stats["drain_cost_gpu_s"] += (save + self.config.restart_s) * g
-        self.remaining[j] = dur - kept
-        self.restarts[j] += 1
-        self.state[j] = WAITING
-        self.n_waiting += 1
-        self.waiting_gpus += self.gpus[j]
-        self._push_waiting(j)
-        self.policy.on_preempt(j, now)
+    def add_restore(self, j: int, seconds: float) -> None:
+        """``j`` spends ``seconds`` more restoring on its next start (e.g. a drain's checkpoint save)."""
+        self._penalty[j] = self._penalty.get(j, 0.0) + seconds
 
-    def _apply_outages(self, t: float) -> float:
-        """Apply the outage events due by ``t``; returns the time of the next one (inf when none is left)."""
-        plan = self.outages
-        assert plan is not None
-        i = self._oi
-        times = plan.time
-        while i < len(times) and times[i] <= t:
-            kind = plan.kind[i]
-            p = plan.part[i]
-            node = plan.node[i]
-            part = self.parts[p]
-            if kind in (FAIL_DOWN, DRAIN_DOWN):
-                alloc = self.alloc
-                hit = [j for j in self._running[p] if any(n == node for n, _ in alloc[j])]  # type: ignore[union-attr]
-                for j in hit:
-                    self._interrupt(j, t, kind == FAIL_DOWN)
-                part._take(node, part.gpus_per_node)  # the emptied node looks fully busy: nothing starts there
-                part.total_free -= part.gpus_per_node
-                self._down[p] += part.gpus_per_node
-            elif kind == NODE_UP:
-                part.release([(node, part.gpus_per_node)])
-                self._down[p] -= part.gpus_per_node
-                self._churn += part.gpus_per_node  # room for preemption grew
-            i += 1
-        self._oi = i
-        return times[i] if i < len(times) else _INF
+    def node_down(self, p: int, node: int) -> None:
+        """Node ``node`` of partition ``p`` (emptied by the caller) goes out of service: it looks fully busy."""
+        part = self.parts[p]
+        part._take(node, part.gpus_per_node)
+        part.total_free -= part.gpus_per_node
+        self._down[p] += part.gpus_per_node
+
+    def node_up(self, p: int, node: int) -> None:
+        """Node ``node`` of partition ``p`` is back in service."""
+        part = self.parts[p]
+        part.release([(node, part.gpus_per_node)])
+        self._down[p] -= part.gpus_per_node
+        self._churn += part.gpus_per_node  # room for preemption grew
 
     def _finish(self, j: int, now: float) -> None:
         prog = self._stop_segment(j, now)
@@ -631,13 +597,21 @@ class Simulator:
         ver = self._ver
         token = self.token
         count = 0
-        t_out = self.outages.time[0] if self.outages else _INF  # next node outage event
+        timed = self._timed
+        pass_hooks = self._pass_hooks
+        stepped = self._stepped
+        t_out = min((f.next_time() for f in timed), default=_INF)  # next external event (outages, load)
         while True:
             while a < n and state[a] == UNSCHEDULABLE:
                 a += 1
+            if a >= n and not self.n_running and not self.n_waiting:
+                break  # every job is done: stale events and later outages or load changes are ignored
             ta = submit[a] if a < n else _INF
             te = events[0][0] if events else _INF
             t = ta if ta < te else te
+            if stepped and (a < n or self.n_running or self.n_waiting):  # rounds while jobs remain
+                tw = min(f.wake_time() for f in stepped)
+                t = tw if tw < t else t
             if t >= t_out:  # an outage event comes first, or nothing else is left (then t is inf)
                 if t_out == _INF or (t == _INF and not self.n_waiting):
                     break  # no job left to run: later outages are ignored
@@ -670,25 +644,33 @@ class Simulator:
                     self._wakeup_at = _INF
                     changed = True
             if t_out <= t:
-                t_out = self._apply_outages(t)
+                t_out = _INF
+                for f in timed:
+                    nxt = f.next_time()
+                    if nxt <= t:
+                        nxt = f.apply(t)
+                    t_out = nxt if nxt < t_out else t_out
                 changed = True
             while a < n and submit[a] <= t:
                 if state[a] == PENDING:
                     self._arrive(a)
                     changed = True
                 a += 1
-            if not changed:
+            if changed:
+                count += 1
+                self._schedule()
+                for hook in pass_hooks:
+                    hook(t)
+                wake = pol.next_wakeup(t)
+                if wake is not None and t < wake != self._wakeup_at:
+                    self._seq += 1
+                    self._wakeup_seq = self._seq
+                    self._wakeup_at = wake
+                    heapq.heappush(events, (wake, _WAKEUP, self._seq, -1, None))
+            elif not stepped:
                 continue
-            count += 1
-            self._schedule()
-            if self._dirty:
-                self._rerate(t)
-            wake = pol.next_wakeup(t)
-            if wake is not None and t < wake != self._wakeup_at:
-                self._seq += 1
-                self._wakeup_seq = self._seq
-                self._wakeup_at = wake
-                heapq.heappush(events, (wake, _WAKEUP, self._seq, -1, None))
+            for f in stepped:
+                f.end_step(t)
             self._record(t)
             if debug:
                 self.check_invariants()
@@ -743,38 +725,21 @@ class Simulator:
 
     # ------------------------------------------------------------------ results
     def _result(self, wall: float, interrupted: bool) -> SimResult:
-        w = self.workload
-        finish = np.array(self.finish)
-        submit = w.submit
-        jct = finish - submit
         held = np.array(self.held_s)
-        running = [j for j in range(self.n) if self.state[j] == RUNNING]
-        for j in running:  # unfinished runs count the time held so far
-            held[j] += self.now - self.seg_start[j]
-        jobs = pl.DataFrame(
+        for j in range(self.n):
+            if self.state[j] == RUNNING:  # unfinished runs count the time held so far
+                held[j] += self.now - self.seg_start[j]
+        extra: dict[str, Any] = {}
+        for f in self.features:
+            extra.update(f.job_columns())
+        jobs = job_frame(self.workload, self.first_start, self.finish, held, self.preemptions, extra)
+        timeline = timeline_frame(
+            np.frombuffer(self._tl_t, dtype=np.float64),
             {
-                "job_id": w.job_id,
-                "vc": w.vc,
-                "num_gpus": w.gpus,
-                "submit_s": submit,
-                "duration_s": w.duration,
-                "start_s": np.array(self.first_start),
-                "finish_s": finish,
-                "jct_s": jct,
-                "queue_s": jct - held,
-                "preemptions": np.array(self.preemptions, dtype=np.int64),
-            },
-            schema_overrides={"vc": pl.Utf8, "job_id": pl.Utf8},
-        )
-        if self.outages is not None:
-            jobs = jobs.with_columns(pl.Series("interruptions", self.interruptions, dtype=pl.Int64))
-        timeline = pl.DataFrame(
-            {
-                "time_s": np.frombuffer(self._tl_t, dtype=np.float64),
                 "busy_gpus": np.frombuffer(self._tl_busy, dtype=np.int64),
                 "queued_jobs": np.frombuffer(self._tl_queued, dtype=np.int64),
                 "running_jobs": np.frombuffer(self._tl_running, dtype=np.int64),
-            }
+            },
         )
         meta: dict[str, Any] = {
             "events": self.events_processed,
@@ -784,21 +749,9 @@ class Simulator:
             "config": self.config,
         }
         summary = summarize(self.policy.name, jobs, timeline, self.total_gpus, wall, meta)
-        if self.network is not None:
-            summary.update(self.network.summary(self._contention_gpu_s))
-        if self.outages is not None:
-            summary.update(self._outage_summary())
+        for f in self.features:
+            summary.update(f.summary(jobs, timeline))
         return SimResult(self.policy.name, summary, jobs, timeline, self.total_gpus, meta)
-
-    def _outage_summary(self) -> dict[str, Any]:
-        """Failure and drain metrics of the run (see ``gpufleet.sim.failures``)."""
-        st = self._out_stats
-        out: dict[str, Any] = self.outages.summary(self._oi)  # type: ignore[union-attr]
-        out["job_interruptions"] = st["job_interruptions"]
-        out["lost_gpu_hours_failures"] = st["lost_failures_gpu_s"] / 3600.0
-        out["drain_moves"] = st["drain_moves"]
-        out["drain_cost_gpu_hours"] = st["drain_cost_gpu_s"] / 3600.0
-        return out
 
 
 class _ProgressBar:

@@ -14,11 +14,12 @@ from typing import Any
 
 import polars as pl
 
-from gpufleet.errors import ConfigError
-from gpufleet.sched.policy import POLICIES, make_policy
+from gpufleet.sched.policy import make_policy
 from gpufleet.sim.config import SimConfig
 from gpufleet.sim.engine import Simulator
 from gpufleet.sim.failures import OutagePlan, OutageSettings
+from gpufleet.sim.features.base import Feature
+from gpufleet.sim.features.inference import InferenceUsage, PoolGPUs
 from gpufleet.sim.network import network_for_run
 from gpufleet.sim.result import SimResult
 from gpufleet.sim.workload import Workload, partitions_for
@@ -56,21 +57,8 @@ class FailureRun:
     config: SimConfig = field(default_factory=SimConfig)
     settings: OutageSettings = field(default_factory=OutageSettings)
     policy_opts: Mapping[str, Any] = field(default_factory=dict)
-
-
-def _gang_policy_names() -> list[str]:
-    """The registered policies the failure run can take: gang-engine ones needing nothing beyond jobs and a cluster."""
-    return [n for n, cls in sorted(POLICIES.items()) if cls.engine == "gang" and not cls.needs]  # type: ignore[attr-defined]
-
-
-def _gang_policy(name: str, opts: Mapping[str, Any]) -> Any:
-    policy = make_policy(name, **dict(opts))
-    if policy.engine != "gang":
-        raise ConfigError(
-            f"--failures: policy '{name}' runs on the elastic engine, which does not inject "
-            f"failures yet; choose among {', '.join(_gang_policy_names())}"
-        )
-    return policy
+    inference: Any = None  # gpufleet.traces.inference.InferenceLoad (None: no inference load)
+    elastic: Any = None  # gpufleet.sim.elastic_jobs.ElasticConfig for the Aryl family (None: defaults)
 
 
 def run_failure_one(run: FailureRun) -> SimResult:
@@ -79,14 +67,31 @@ def run_failure_one(run: FailureRun) -> SimResult:
     The fleet's time origin is the trace's first submission. A predictor run's ``SimResult.policy`` is
     ``"<policy>+predictor"``; its summary keeps ``policy`` and adds ``predictor`` (True / False).
     """
-    policy = _gang_policy(run.policy, run.policy_opts)
+    policy = make_policy(run.policy, **dict(run.policy_opts))
     workload = Workload.from_frame(run.jobs)
     parts = partitions_for(run.cluster)
     origin = float(workload.submit[0]) if len(workload) else 0.0
     predictor = run.alerts is not None and run.settings.drain
     plan = OutagePlan.build(run.failures, run.alerts if predictor else None, parts, origin, run.settings)
-    network = network_for_run(run.cluster, parts, run.jobs, run.config)
-    result = Simulator(workload, parts, policy, run.config, plan, network=network).run()
+    if policy.engine == "elastic":
+        from gpufleet.sim.elastic import ElasticSimulator
+
+        sim: Any = ElasticSimulator(
+            run.jobs,
+            run.cluster,
+            policy,  # type: ignore[arg-type]
+            run.config,
+            run.elastic,
+            run.inference,
+            outages=plan,
+        )
+    else:
+        features: list[Feature] = []
+        if run.inference is not None and run.cluster.inference_pools:
+            features.append(InferenceUsage(run.inference, PoolGPUs.of(run.cluster)))
+        network = network_for_run(run.cluster, parts, run.jobs, run.config)
+        sim = Simulator(workload, parts, policy, run.config, plan, network=network, features=features)
+    result = sim.run()
     result.summary["predictor"] = predictor
     if predictor:
         result.policy = f"{run.policy}+predictor"
@@ -105,6 +110,8 @@ def run_failure_study(
     *,
     workers: int = 1,
     on_done: Callable[[SimResult], None] | None = None,
+    inference: Any = None,
+    elastic: Any = None,
 ) -> list[SimResult]:
     """Each policy without the predictor, then (if ``alerts`` is given) with it: results in that order,
     ``[p1, p1+predictor, p2, p2+predictor, ...]``. ``workers`` > 1 runs them over a process pool."""
@@ -114,12 +121,12 @@ def run_failure_study(
     runs: list[FailureRun] = []
     for name in policies:
         opts = dict(policy_opts.get(name, {}))
-        base = FailureRun(name, jobs, cluster, failures, None, config, settings, opts)
+        base = FailureRun(name, jobs, cluster, failures, None, config, settings, opts, inference, elastic)
         runs.append(base)
         if alerts is not None:
             runs.append(replace(base, alerts=alerts))
     for r in runs:  # fail fast on a bad policy before any worker starts
-        _gang_policy(r.policy, r.policy_opts)
+        make_policy(r.policy, **dict(r.policy_opts))
     if workers <= 1 or len(runs) == 1:
         results = []
         for r in runs:

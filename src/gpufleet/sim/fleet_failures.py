@@ -35,6 +35,8 @@ def run_with_failures(
     workers: int = 1,
     on_done: Callable[[SimResult], None] | None = None,
     log: Callable[[str], None] | None = None,
+    inference: Any = None,
+    elastic: Any = None,
 ) -> list[SimResult]:
     """Each policy with ``fleet``'s failures injected, and once more with ``model``'s drains when it is given.
 
@@ -58,5 +60,16 @@ def run_with_failures(
         )
     settings = OutageSettings(repair_s=repair_hours * 3600.0, drain_s=drain_hours * 3600.0)
     return run_failure_study(
-        jobs, spec, policies, fails, alerts, config, settings, opts, workers=workers, on_done=on_done
+        jobs,
+        spec,
+        policies,
+        fails,
+        alerts,
+        config,
+        settings,
+        opts,
+        workers=workers,
+        on_done=on_done,
+        inference=inference,
+        elastic=elastic,
     )

@@ -29,7 +29,7 @@ TIMELINE_COLUMNS = (
     "running_jobs",  # int, jobs running after the event
 )
 
-#: Extra columns of the elastic simulator's timeline (Aryl policies).
+#: Extra columns of the timeline of the Aryl policies (server-level placement, ``sim.elastic``).
 ELASTIC_TIMELINE_COLUMNS = (
     "loaned_servers",  # int, inference servers on loan to training
     "loaned_gpus_used",  # int, GPUs training holds on loaned servers
@@ -38,7 +38,7 @@ ELASTIC_TIMELINE_COLUMNS = (
     "inference_servers_needed",  # int, servers the inference load needs now
 )
 
-#: Extra columns of the elastic simulator's job frame.
+#: Extra columns of the job frame of the Aryl policies.
 ELASTIC_JOB_COLUMNS = (
     "scale_events",  # int, how often the job's workers changed while it ran
     "max_workers",  # int, most workers the job may have

@@ -13,6 +13,8 @@ from gpufleet.errors import ConfigError
 from gpufleet.sched.policy import available_policies, make_policy
 from gpufleet.sim.config import SimConfig
 from gpufleet.sim.engine import Simulator
+from gpufleet.sim.features.base import Feature
+from gpufleet.sim.features.inference import InferenceUsage, PoolGPUs
 from gpufleet.sim.network import network_for_run
 from gpufleet.sim.result import SimResult
 from gpufleet.sim.workload import Workload, partitions_for
@@ -40,11 +42,6 @@ def run_one(spec: RunSpec) -> SimResult:
     if policy.engine == "elastic":
         from gpufleet.sim.elastic import ElasticSimulator
 
-        if spec.config.network:
-            raise ConfigError(
-                f"policy '{spec.policy}' runs on the elastic simulator, which has no network model; "
-                "drop --network or choose a gang policy"
-            )
         return ElasticSimulator(
             spec.jobs,
             spec.cluster,
@@ -55,23 +52,11 @@ def run_one(spec: RunSpec) -> SimResult:
         ).run()
     parts = partitions_for(spec.cluster)
     network = network_for_run(spec.cluster, parts, spec.jobs, spec.config)
-    sim = Simulator(Workload.from_frame(spec.jobs), parts, policy, spec.config, network=network)
-    result = sim.run()
+    features: list[Feature] = []
     if spec.inference is not None and spec.cluster.inference_pools:
-        from gpufleet.sim.elastic import PoolGPUs, usage_over_window
-
-        t = result.timeline["time_s"].to_numpy()
-        submit = result.jobs["submit_s"].to_numpy()
-        if len(t) and len(submit):
-            result.summary["usage"] = usage_over_window(
-                t,
-                result.timeline["busy_gpus"].to_numpy(),
-                spec.inference,
-                PoolGPUs.of(spec.cluster),
-                float(submit.min()),
-                float(submit.max()),
-            )
-    return result
+        features.append(InferenceUsage(spec.inference, PoolGPUs.of(spec.cluster)))
+    sim = Simulator(Workload.from_frame(spec.jobs), parts, policy, spec.config, network=network, features=features)
+    return sim.run()
 
 
 def _qualify(items: Sequence[str], policies: Sequence[str], known: Mapping[str, Any]) -> list[str]:

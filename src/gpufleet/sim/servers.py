@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
-TRAINING, LOANED, HELD = 0, 1, 2
+#: server groups; DOWN: a training server out of service (a failure, a drain), which holds no worker
+TRAINING, LOANED, HELD, DOWN = 0, 1, 2, 3
+_GROUPS = (TRAINING, LOANED, HELD, DOWN)
 
 
 class Servers:
@@ -38,10 +40,10 @@ class Servers:
         self.inference_ids = np.flatnonzero(self.group == HELD)
         self.training_gpus = int(self.cap[self.group == TRAINING].sum())
         self.inference_gpus = int(self.cap[self.group == HELD].sum())
-        #: free and flexible GPUs per group (TRAINING, LOANED, HELD): an O(1) necessary condition for a fit
-        self.free_in = [int(self.free[self.group == k].sum()) for k in (TRAINING, LOANED, HELD)]
-        self.flex_in = [0, 0, 0]
-        self.servers_in = [int((self.group == k).sum()) for k in (TRAINING, LOANED, HELD)]
+        #: free and flexible GPUs per group (TRAINING, LOANED, HELD, DOWN): an O(1) necessary condition for a fit
+        self.free_in = [int(self.free[self.group == k].sum()) for k in _GROUPS]
+        self.flex_in = [0, 0, 0, 0]
+        self.servers_in = [int((self.group == k).sum()) for k in _GROUPS]
         #: server -> {job: [base workers, flexible workers]}
         self.occ: list[dict[int, list[int]]] = [{} for _ in caps]
 
@@ -117,7 +119,7 @@ class Servers:
             del self.occ[s][j]
 
     def move(self, servers: np.ndarray, group: int) -> None:
-        """Move empty ``servers`` (just loaned or just returned) to ``group``."""
+        """Move empty ``servers`` (just loaned, returned, gone down or back up) to ``group``."""
         for s in servers.tolist():
             assert self.free[s] == self.cap[s], "only an empty server changes hands"
             self.free_in[self.group[s]] -= int(self.cap[s])
@@ -137,7 +139,8 @@ class Servers:
         """Raise AssertionError if free and flexible GPUs disagree with the occupants (debug mode)."""
         assert (self.free >= 0).all() and (self.free <= self.cap).all()
         assert not (self.occ_gpus_on(HELD) > 0), "a server held by inference runs training workers"
-        for k in (TRAINING, LOANED, HELD):
+        assert not (self.occ_gpus_on(DOWN) > 0), "a server out of service runs training workers"
+        for k in _GROUPS:
             assert self.free_in[k] == int(self.free[self.group == k].sum()), "free-GPU counter out of step"
             assert self.flex_in[k] == int(self.flex[self.group == k].sum()), "flexible-GPU counter out of step"
             assert self.servers_in[k] == int((self.group == k).sum()), "server counter out of step"
