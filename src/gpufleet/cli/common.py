@@ -83,6 +83,7 @@ def _policies_needing(need: str) -> Callable[[], str]:
 HELP_LISTS: dict[str, Callable[[], str]] = {
     "policies": _names("gpufleet.sched.policy", "POLICIES"),
     "network-policies": _policies_needing("network"),
+    "placements": _summaries("gpufleet.sched.placement.base", "PLACEMENTS"),
     "trace-readers": _summaries("gpufleet.traces.readers", "READERS"),
     "telemetry-readers": _summaries("gpufleet.health.readers", "READERS"),
     "health-models": _summaries("gpufleet.health.models.base", "MODELS"),

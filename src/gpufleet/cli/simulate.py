@@ -92,7 +92,15 @@ def simulate(
     interval: Annotated[
         float, typer.Option(help="Seconds between Aryl's knapsack rounds that resize elastic jobs.")
     ] = 300.0,
-    placement: Annotated[str, typer.Option(help="consolidate (fewest nodes, best fit) or spread.")] = "consolidate",
+    placement: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated placements, each run with every policy (rows 'srtf+rl'): {placements}. "
+            "Default: each policy's own (consolidate; the old names contention, rl, random, *-spread are aliases "
+            "of their pairs). `rl:PATH` uses a model trained with `gpufleet sched train-rl`; placement options "
+            "with --opt PLACEMENT.KEY=VALUE."
+        ),
+    ] = None,
     strict_placement: Annotated[
         bool, typer.Option(help="Start multi-GPU jobs only on the fewest possible nodes (they wait otherwise).")
     ] = False,
@@ -173,28 +181,36 @@ def simulate(
     failures, job_interruptions, lost_gpu_hours_failures, drains, drain_true, drain_false,
     false_alarm_gpu_hours, drain_gpu_hours, avoided_failures (and predictor: whether alerts drained nodes).
     """
-    from gpufleet.sched.policy import policies_needing
+    from gpufleet.sched.placement.base import placements_needing
+    from gpufleet.sched.policy import make_scheduler, policies_needing
     from gpufleet.sim.config import SimConfig
     from gpufleet.sim.elastic_jobs import ElasticConfig
     from gpufleet.sim.inference_load import inference_for
-    from gpufleet.sim.run import parse_policy_opts, run_policies
+    from gpufleet.sim.run import label_opts, pair_runs, parse_policy_opts, run_policies
 
     policies, model_paths = split_policies(policy)
     if not policies:
         raise typer.BadParameter("--policy names no policy")
+    placements, placement_paths = split_policies(placement, "--placement") if placement else ([], {})
+    if placement is not None and not placements:
+        raise typer.BadParameter("--placement names no placement")
+    _check_placements(placements)
     if breakdown not in (None, "vc", "size"):
         raise typer.BadParameter("--breakdown must be 'vc' or 'size'")
     load = load_jobs(trace, columns, vc, reader)
     spec = load_cluster(cluster, gpus)
-    opts = parse_policy_opts(opt or [], policies)
-    for name, path in model_paths.items():
+    opts = parse_policy_opts(opt or [], [*policies, *placements])
+    for name, path in {**model_paths, **placement_paths}.items():
         opts.setdefault(name, {})["model"] = path
     if network:
         from gpufleet.perf.comm_profiles import with_comm_profiles
 
         load.jobs = with_comm_profiles(load.jobs, comm_mix)
-    elif needing := policies_needing("network", policies):
-        raise typer.BadParameter(f"policies {', '.join(needing)} place jobs by network contention: add --network")
+    elif needing := policies_needing("network", policies) + placements_needing("network", placements):
+        raise typer.BadParameter(f"{', '.join(needing)} place jobs by network contention: add --network")
+    runs = pair_runs(policies, placements)
+    for label in runs:  # a (policy, placement) pair that cannot be defined is a one-line error before any run
+        make_scheduler(label, *label_opts(label, opts))
     inference_load = inference_for(spec, inference, load.jobs)
     elastic_cfg = ElasticConfig(
         elastic_share=elastic_share,
@@ -215,7 +231,6 @@ def simulate(
 
         checkpoint_interval = DEFAULT_FAILURE_CHECKPOINT_S if failures is not None else 0.0
     config = SimConfig(
-        placement=placement,
         strict_placement=strict_placement,
         placement_penalty=placement_penalty,
         checkpoint_interval_s=checkpoint_interval,
@@ -227,7 +242,7 @@ def simulate(
     if not as_json:
         err.print(
             f"[bold]{load.jobs.height:,}[/] jobs from {load.source} on cluster "
-            f"'{spec.name}' ({spec.total_gpus():,} training GPUs); policies: {', '.join(policies)}"
+            f"'{spec.name}' ({spec.total_gpus():,} training GPUs); runs: {', '.join(runs)}"
         )
 
     def done(r: Any) -> None:
@@ -242,7 +257,7 @@ def simulate(
         results = run_with_failures(
             load.jobs,
             spec,
-            policies,
+            runs,
             config,
             opts,
             failures,
@@ -259,7 +274,7 @@ def simulate(
         results = run_policies(
             load.jobs,
             spec,
-            policies,
+            runs,
             config,
             opts,
             workers=workers,
@@ -275,7 +290,7 @@ def simulate(
         print(json.dumps([clean_json(r.summary) for r in results], indent=2))
     else:
         # failure runs: label the predictor runs ("fifo+predictor")
-        summaries = [r.summary if failures is None else {**r.summary, "policy": r.policy} for r in results]
+        summaries = [{**r.summary, "policy": r.policy} for r in results]
         out.print(summary_table(summaries, f"{load.source} on {spec.name} ({spec.total_gpus():,} GPUs)", wide=wide))
         if failures is not None:
             out.print(failure_table(results, wide=wide))
@@ -289,7 +304,7 @@ def simulate(
             "jobs": f"{load.jobs.height:,}",
             "cluster": spec.name,
             "training GPUs": f"{spec.total_gpus():,}",
-            "placement": placement,
+            "placement": placement or "each policy's own",
             "checkpoint interval": f"{checkpoint_interval:g} s",
             "restart cost": f"{restart_cost:g} s",
         }
@@ -306,7 +321,14 @@ def simulate(
         err.print(f"job outcomes written to {jobs_out}")
 
 
-def split_policies(text: str) -> tuple[list[str], dict[str, str]]:
+def _check_placements(names: list[str]) -> None:
+    from gpufleet.sched.placement.base import PLACEMENTS
+
+    for name in names:
+        PLACEMENTS.get(name)  # one-line ConfigError listing the placements for an unknown name
+
+
+def split_policies(text: str, option: str = "--policy") -> tuple[list[str], dict[str, str]]:
     """``"las,rl:model.zip"`` -> (["las", "rl"], {"rl": "model.zip"})."""
     names: list[str] = []
     paths: dict[str, str] = {}
@@ -316,11 +338,11 @@ def split_policies(text: str) -> tuple[list[str], dict[str, str]]:
         name, sep, path = item.partition(":")
         if sep:
             if not path:
-                raise typer.BadParameter(f"--policy '{item}': give a model path after ':'")
+                raise typer.BadParameter(f"{option} '{item}': give a model path after ':'")
             paths[name] = path
         if name in names:
             raise typer.BadParameter(
-                f"--policy names '{name}' twice (one run per policy; compare models with "
+                f"{option} names '{name}' twice (one run per name; compare models with "
                 "separate runs or `gpufleet sched eval-rl`)"
             )
         names.append(name)
@@ -481,7 +503,7 @@ def _print_breakdown(results: list, by: str) -> None:
 
 
 def policies() -> None:
-    """List the scheduling policies and their options."""
+    """List the scheduling policies (order, preemption, capacity) and the placements, with their options."""
     from rich.table import Table
 
     from gpufleet.sched.policy import available_policies
@@ -493,3 +515,12 @@ def policies() -> None:
         opts = ", ".join(f"{k}={v}" for k, v in cls.options.items()) or "—"
         table.add_row(name, "yes" if cls.preemptive else "no", cls.summary, opts)
     out.print(table)
+    from gpufleet.sched.placement.base import available_placements
+
+    places = Table(header_style="bold", caption="any policy runs with any placement: --policy srtf --placement rl")
+    for col in ("placement", "needs", "what it does", "options (--opt placement.key=value)"):
+        places.add_column(col)
+    for name, pcls in sorted(available_placements().items()):
+        opts = ", ".join(f"{k}={v}" for k, v in pcls.options.items()) or "—"
+        places.add_row(name, ", ".join(sorted(pcls.needs)) or "—", pcls.summary, opts)
+    out.print(places)

@@ -1,35 +1,37 @@
-"""Network-aware placement policies: each chooses among the candidate node sets of
-:mod:`gpufleet.sched.candidates`, in the same code path, so that they differ only in the choice.
+"""The network-aware policies of before the placement layer, kept as aliases of (order, placement) pairs.
 
-- ``contention``: the hand-written heuristic. Consolidate when a node fits; otherwise the candidate that
-  costs least GPU-throughput, counting the job's own slowdown (placement and contention) and the speed it
-  takes from the jobs whose links it would share: which pairs communication-heavy jobs with light ones.
-- ``random``: a uniformly random feasible candidate (the ablation every table shows).
-- ``las-spread`` / ``srtf-spread``: LAS and SRTF with the paper's spread-first placement, kept only to show
-  that the published comparison is reproduced (its baselines spread every job over up to 4 nodes).
+- ``contention``: non-preemptive order ``order`` with the ``contention`` placement;
+- ``random``: the same order with the ``random`` placement;
+- ``rl`` (:mod:`gpufleet.sched.rl`): order ``srsf`` with the ``rl`` placement;
+- ``las-spread`` / ``srtf-spread``: preemptive LAS / SRTF with the ``spread`` placement (the DeepShare paper's
+  baselines, kept to show that the published comparison is reproduced).
 
 Jobs are taken in ``order`` (``srtf``: least remaining time; ``srsf``: least remaining service, GPUs x remaining
-time, Tiresias' 2D "shortest remaining service first"; ``las``: least attained service; ``fifo``);
-``contention``, ``random`` and ``rl`` do not preempt; the spread variants preempt as LAS and SRTF do.
+time, Tiresias' 2D "shortest remaining service first"; ``las``: least attained service; ``fifo``), without
+preemption. Any order now runs with any placement (``--policy srtf --placement contention``); these names give
+the same results as before. Their placement's options (``wait_below``, ``seed``, ``model``, ``sample``) are
+options of the alias.
 """
 
 from __future__ import annotations
 
 from typing import Any, ClassVar
 
-import numpy as np
-
 from gpufleet.errors import ConfigError
-from gpufleet.sched.candidates import candidate_placements, spread_placement
 from gpufleet.sched.las import LeastAttainedService
+from gpufleet.sched.placement.base import make_placement
+from gpufleet.sched.placement.candidates import least_cost
+from gpufleet.sched.placement.contention import ContentionPlacement
+from gpufleet.sched.placement.random import RandomPlacement
 from gpufleet.sched.policy import Policy, register
 from gpufleet.sched.srtf import ShortestRemainingTimeFirst
 
 ORDERS = ("srtf", "srsf", "las", "fifo")
+__all__ = ["ORDERS", "CandidatePolicy", "least_cost"]
 
 
 class CandidatePolicy(Policy):
-    """Base of policies that order jobs by ``order`` and pick one of the candidate placements."""
+    """An alias: a non-preemptive ``order`` with the placement ``default_placement``, whose options it takes."""
 
     options: ClassVar[dict[str, float | str]] = {"order": "srtf"}
     needs: ClassVar[frozenset[str]] = frozenset({"network"})
@@ -39,6 +41,10 @@ class CandidatePolicy(Policy):
         if self.opts["order"] not in ORDERS:
             raise ConfigError(f"{self.name}.order must be one of {', '.join(ORDERS)}, got '{self.opts['order']}'")
         self._order = str(self.opts["order"])
+        self.use_placement(self._make_placer({k: v for k, v in self.opts.items() if k != "order"}))
+
+    def _make_placer(self, opts: dict[str, Any]) -> Any:
+        return make_placement(self.default_placement, **opts)
 
     def waiting_key(self, j: int, now: float) -> float:
         sim = self.sim
@@ -50,104 +56,40 @@ class CandidatePolicy(Policy):
             return sim.attained[j]
         return sim.submit[j]
 
-    def place(self, j: int, p: int, part: Any) -> list[tuple[int, int]] | None:
-        sim = self.sim
-        cands = candidate_placements(part, sim.gpus[j], sim.network, p)
-        if not any(c is not None for c in cands):
-            return None
-        idx = self.choose(j, p, part, cands)
-        if idx is None or cands[idx] is None:
-            return None
-        return part.take(cands[idx])
-
-    def choose(self, j: int, p: int, part: Any, cands: list) -> int | None:
-        """Index of the chosen candidate (None: the job waits)."""
-        raise NotImplementedError
-
-    def scores(self, j: int, p: int, cands: list) -> list[tuple[float, float, float] | None]:
-        """Per candidate: (job speed, contention ratio, speed taken from others) if it started there now."""
-        sim = self.sim
-        net = sim.network
-        out: list[tuple[float, float, float] | None] = []
-        g = sim.gpus[j]
-        fewest = sim.parts[p].ideal_nodes(g)
-        penalty = sim.config.placement_penalty
-        for c in cands:
-            if c is None:
-                out.append(None)
-            elif net is not None:
-                out.append(net.predict(j, p, c))
-            else:
-                out.append((1.0 if len(c) <= fewest else 1.0 - penalty, 1.0, 0.0))
-        return out
-
-
-def least_cost(scores: list, gpus: int) -> tuple[int | None, float]:
-    """The candidate that loses least GPU-throughput (own slowdown plus speed taken from others), and its speed.
-
-    Ties go to the earlier slot, i.e. to fewer nodes and best fit."""
-    best, best_cost, best_speed = None, np.inf, 0.0
-    for i, sc in enumerate(scores):
-        if sc is None:
-            continue
-        speed, _, harm = sc
-        cost = gpus * (1.0 - speed) + harm
-        if cost < best_cost - 1e-12:
-            best, best_cost, best_speed = i, cost, speed
-    return best, best_speed
-
 
 @register
 class ContentionHeuristic(CandidatePolicy):
-    """Consolidate, else the node set with the least competing traffic; never idles GPUs by default."""
+    """Alias of (non-preemptive ``order``, ``contention`` placement); never idles GPUs by default."""
 
     name = "contention"
-    summary = "network-aware: consolidate, else the node set whose links carry the least competing traffic"
-    options: ClassVar[dict[str, float | str]] = {"order": "srtf", "wait_below": 0.0}
-
-    def choose(self, j: int, p: int, part: Any, cands: list) -> int | None:
-        best, speed = least_cost(self.scores(j, p, cands), self.sim.gpus[j])
-        if best is not None and speed < float(self.opts["wait_below"]) and self.sim.n_running > 0:
-            return None  # wait for a faster placement; only while something runs, so that an event will come
-        return best
+    summary = "alias of the contention placement under non-preemptive SRTF order (--placement contention)"
+    default_placement = "contention"
+    options: ClassVar[dict[str, float | str]] = {"order": "srtf", **ContentionPlacement.options}
 
 
 @register
-class RandomPlacement(CandidatePolicy):
-    """A uniformly random feasible candidate: what placement gains without any knowledge."""
+class RandomAlias(CandidatePolicy):
+    """Alias of (non-preemptive ``order``, ``random`` placement)."""
 
     name = "random"
-    summary = "ablation: a uniformly random feasible candidate node set (same order and code path as rl)"
-    options: ClassVar[dict[str, float | str]] = {"order": "srtf", "seed": 0.0}
-
-    def bind(self, sim: Any) -> None:
-        super().bind(sim)
-        self._rng = np.random.default_rng(int(self.opts["seed"]))
-
-    def choose(self, j: int, p: int, part: Any, cands: list) -> int | None:
-        valid = [i for i, c in enumerate(cands) if c is not None]
-        return int(valid[self._rng.integers(len(valid))])
-
-
-class _Spread:
-    """Mixin: the paper's spread-first placement."""
-
-    def place(self, j: int, p: int, part: Any) -> list[tuple[int, int]] | None:
-        alloc = spread_placement(part, self.sim.gpus[j])  # type: ignore[attr-defined]
-        return None if alloc is None else part.take(alloc)
+    summary = "alias of the random placement under non-preemptive SRTF order (--placement random)"
+    default_placement = "random"
+    options: ClassVar[dict[str, float | str]] = {"order": "srtf", **RandomPlacement.options}
 
 
 @register
-class LasSpread(_Spread, LeastAttainedService):
-    """LAS with the paper's baseline placement (spread over up to 4 nodes, never one)."""
+class LasSpread(LeastAttainedService):
+    """Alias of (``las``, ``spread``): LAS with the paper's baseline placement."""
 
     name = "las-spread"
-    summary = "LAS with spread-first placement, as in the DeepShare paper's baseline (for comparison only)"
+    summary = "alias of las with the spread placement, the DeepShare paper's baseline (for comparison only)"
+    default_placement = "spread"
 
 
 @register
-class SrtfSpread(_Spread, ShortestRemainingTimeFirst):
-    """SRTF with the paper's baseline placement (spread over up to 4 nodes, never one)."""
+class SrtfSpread(ShortestRemainingTimeFirst):
+    """Alias of (``srtf``, ``spread``): SRTF with the paper's baseline placement."""
 
     name = "srtf-spread"
-    summary = "SRTF with spread-first placement, as in the DeepShare paper's baseline (for comparison only)"
+    summary = "alias of srtf with the spread placement, the DeepShare paper's baseline (for comparison only)"
+    default_placement = "spread"

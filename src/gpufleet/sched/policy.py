@@ -10,13 +10,14 @@ A policy reads the simulator only through :class:`gpufleet.sched.view.SimView`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from gpufleet.errors import ConfigError
 from gpufleet.registry import Registry
+from gpufleet.sched.placement.base import DEFAULT_PLACEMENT, Placement, make_placement
 
 if TYPE_CHECKING:
     from gpufleet.sched.view import Allocation, PartitionView, SimView
@@ -44,6 +45,8 @@ class Policy:
     needs: ClassVar[frozenset[str]] = frozenset()
     #: options this policy accepts (name -> default), set with ``--opt policy.name=value``
     options: ClassVar[dict[str, float | str]] = {}
+    #: the placement (:mod:`gpufleet.sched.placement`) the policy runs with unless the run names another
+    default_placement: ClassVar[str] = DEFAULT_PLACEMENT
 
     def __init__(self, **opts: Any) -> None:
         unknown = sorted(set(opts) - set(self.options))
@@ -51,13 +54,24 @@ class Policy:
             known = ", ".join(sorted(self.options)) or "none"
             raise ConfigError(f"policy '{self.name}' has no option {', '.join(unknown)} (its options: {known})")
         self.opts: dict[str, Any] = {**self.options, **opts}
+        self.placer: Placement = make_placement(self.default_placement)
+
+    def use_placement(self, placement: Placement) -> None:
+        """Run with ``placement`` (the placement layer) instead of :attr:`default_placement`."""
+        self.placer = placement
+
+    @property
+    def placement(self) -> str:
+        """The name of the placement this policy runs with."""
+        return self.placer.name
 
     #: the simulator's read-only view, set by :meth:`bind` before any key is asked for (unset until then)
     sim: SimView
 
     def bind(self, sim: SimView) -> None:
-        """Attach to the simulator whose job arrays the keys read."""
+        """Attach to the simulator whose job arrays the keys read (and the placement to it)."""
         self.sim = sim
+        self.placer.bind(sim)
 
     # -- ranking ---------------------------------------------------------------------------------
     def waiting_key(self, j: int, now: float) -> float:
@@ -93,11 +107,9 @@ class Policy:
     def place(self, j: int, p: int, part: PartitionView) -> Allocation | None:
         """GPUs for job ``j`` on partition ``p`` (taken from ``part``), or None to leave it waiting.
 
-        The default is the run's placement setting (fewest nodes with best fit, or spread); network-aware
-        policies override it to choose among candidate node sets.
+        The placement layer decides (:attr:`placer`, ``consolidate`` unless the run names another).
         """
-        cfg = self.sim.config
-        return part.allocate(self.sim.gpus[j], cfg.placement, cfg.strict_placement)
+        return self.placer.place(j, p, part)
 
     # -- hooks -----------------------------------------------------------------------------------
     def on_start(self, j: int, now: float) -> None:
@@ -139,3 +151,44 @@ def make_policy(name: str, **opts: Any) -> Policy:
 def policies_needing(need: str, names: Sequence[str]) -> list[str]:
     """The policies among ``names`` that declare ``need`` (e.g. "network"), sorted."""
     return sorted(n for n in set(names) if n in POLICIES and need in POLICIES[n].needs)  # type: ignore[attr-defined]
+
+
+#: Joins a policy and a placement in a run's label: ``srtf+rl``.
+PAIR = "+"
+
+
+def split_label(label: str) -> tuple[str, str | None]:
+    """``"srtf+rl"`` -> ("srtf", "rl"); ``"srtf"`` -> ("srtf", None) (the policy's default placement)."""
+    name, sep, placement = label.partition(PAIR)
+    return name, (placement if sep else None)
+
+
+def pair_label(name: str, placement: str | None) -> str:
+    """The label of a (policy, placement) run: the plain policy name for its default placement, else ``a+b``."""
+    if placement is None or placement == POLICIES.get(name).default_placement:  # type: ignore[attr-defined]
+        return name
+    return f"{name}{PAIR}{placement}"
+
+
+def make_scheduler(
+    label: str, policy_opts: Mapping[str, Any] | None = None, placement_opts: Mapping[str, Any] | None = None
+) -> Policy:
+    """The policy of a run label (``srtf`` or ``srtf+rl``) with its placement layer set.
+
+    A capacity policy (the Aryl family, ``engine == "elastic"``) places workers on servers itself: only
+    ``consolidate``, its own best fit, combines with it (a one-line ConfigError says so otherwise).
+    """
+    name, placement = split_label(label)
+    policy = make_policy(name, **dict(policy_opts or {}))
+    if placement is None:
+        if placement_opts:
+            raise ConfigError(f"'{label}' names no placement to take options {', '.join(sorted(placement_opts))}")
+        return policy
+    placer = make_placement(placement, **dict(placement_opts or {}))
+    if policy.engine == "elastic" and placer.gpu_level:
+        raise ConfigError(
+            f"'{name}+{placement}' cannot run: {name} places whole workers on servers (best fit, its capacity layer "
+            f"loans and scales them), and '{placement}' chooses GPU node sets of a fixed-size gang; use consolidate"
+        )
+    policy.use_placement(placer)
+    return policy

@@ -1,127 +1,65 @@
-"""``rl``: placement learned with masked PPO (sb3-contrib), with the heuristic as fallback (the paper's RL-hybrid).
+"""``rl`` as a policy name: alias of (non-preemptive ``srsf`` order, ``rl`` placement).
 
-For each job the order offers, the policy sees :func:`gpufleet.sched.rl_features.observe` and picks a
-candidate node set, waits, or hands the decision to the heuristic. A choice that does not fit now, or a
-wait while nothing runs (nothing would ever wake the job), falls back to the ``contention`` heuristic's
-choice. With no ``model`` option it loads the small model that ships in the wheel
-(``gpufleet/data/rl/contention_ppo.zip``, trained by the command in docs/contention.md). torch,
-stable-baselines3 and gymnasium come with the ``rl`` extra.
+The learned placement itself, and the model loading, live in :mod:`gpufleet.sched.placement.rl`; the names
+are re-exported here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from importlib import resources
-from pathlib import Path
 from typing import Any, ClassVar
 
-import numpy as np
-
-from gpufleet.errors import ConfigError
-from gpufleet.sched.netaware import CandidatePolicy, least_cost
+from gpufleet.sched.netaware import CandidatePolicy
+from gpufleet.sched.placement.rl import (
+    DEFAULT_MODEL,
+    Decider,
+    RLPlacement,
+    default_model_path,
+    load_model,
+    require_rl,
+)
 from gpufleet.sched.policy import register
-from gpufleet.sched.rl_features import HEURISTIC, WAIT, action_mask, observe
-from gpufleet.sched.rl_model import ActorMLP, read_actor
 
-#: The model that ships in the wheel.
-DEFAULT_MODEL = "contention_ppo.zip"
-_MODELS: dict[str, Any] = {}
-
-#: A decider maps (observation, feasible-action mask) to an action; the training environment supplies one.
-Decider = Callable[[np.ndarray, np.ndarray], int]
-
-
-def require_rl() -> None:
-    """Raise a ConfigError naming the extra when torch / stable-baselines3 / gymnasium are missing."""
-    missing = []
-    for mod in ("torch", "stable_baselines3", "sb3_contrib", "gymnasium"):
-        try:
-            __import__(mod)
-        except ImportError:
-            missing.append(mod)
-    if missing:
-        raise ConfigError(f"the rl policy needs {', '.join(missing)}: pip install 'gpufleet[rl]'")
-
-
-def default_model_path() -> Path:
-    """Where the shipped model lives."""
-    return Path(str(resources.files("gpufleet.data").joinpath("rl").joinpath(DEFAULT_MODEL)))
-
-
-def load_model(path: str | Path | None) -> ActorMLP:
-    """The actor of the PPO model at ``path`` (default: the shipped one), cached per path.
-
-    Only the network's weights and plain JSON are read (:mod:`gpufleet.sched.rl_model`): a model file from
-    elsewhere never runs code when loaded, as stable-baselines3's own pickle-based ``load`` could.
-    """
-    require_rl()
-    target = Path(path) if path else default_model_path()
-    key = str(target.resolve())
-    if key not in _MODELS:
-        if not target.is_file():
-            hint = " (the shipped model is missing: train one with `gpufleet sched train-rl`)" if not path else ""
-            raise ConfigError(f"RL model {target} not found{hint}")
-        _MODELS[key] = read_actor(target)
-    return _MODELS[key]
+__all__ = [
+    "DEFAULT_MODEL",
+    "Decider",
+    "LearnedPlacement",
+    "RLPlacement",
+    "default_model_path",
+    "load_model",
+    "require_rl",
+]
 
 
 @register
 class LearnedPlacement(CandidatePolicy):
-    """Candidate placement chosen by a PPO policy; infeasible choices fall back to the heuristic."""
+    """Alias of (non-preemptive ``order``, ``rl`` placement); ``decider`` replaces the model (training)."""
 
     name = "rl"
-    summary = "network-aware placement learned with PPO (gpufleet sched train-rl); heuristic fallback"
+    summary = "alias of the rl placement (PPO, gpufleet sched train-rl) under non-preemptive SRSF order"
+    default_placement = "rl"
     #: ``order`` srsf (GPUs x remaining time): the order the shipped model was trained and selected in
     #: (docs/contention.md); a model trained in another order should be run with that order.
-    #: ``sample`` > 0: draw actions from the policy with that seed (deterministic for the seed); 0: take the
-    #: most likely action, which waits more (upstream's RL also samples by default: its argmax can livelock)
-    options: ClassVar[dict[str, float | str]] = {"order": "srsf", "model": "", "sample": 1.0}
+    options: ClassVar[dict[str, float | str]] = {"order": "srsf", **RLPlacement.options}
 
     def __init__(self, decider: Decider | None = None, **opts: Any) -> None:
+        self._decider = decider
         super().__init__(**opts)
-        self.decider = decider
-        self.decisions = 0
-        self.fallbacks = 0
-        self.delegated = 0
-        self.waits = 0
-        self._fast: Callable[[np.ndarray], np.ndarray] | None = None
 
-    def bind(self, sim: Any) -> None:
-        super().bind(sim)
-        seed = int(float(self.opts["sample"]))
-        self._rng = np.random.default_rng(seed) if seed > 0 else None
-        if self.decider is None and self._fast is None:
-            self._fast = load_model(str(self.opts["model"]) or None).probs  # read once, not at every run bound
+    def _make_placer(self, opts: dict[str, Any]) -> Any:
+        return RLPlacement(decider=self._decider, **opts)
 
-    def _act(self, obs: np.ndarray, mask: np.ndarray) -> int:
-        if self.decider is not None:
-            return int(self.decider(obs, mask))
-        assert self._fast is not None, "bind() loads the model"
-        # trained with the same mask (MaskablePPO): infeasible actions mean nothing
-        return self._pick(self._fast(obs) * mask)
+    @property
+    def decisions(self) -> int:
+        return self.placer.decisions
 
-    def _pick(self, probs: np.ndarray) -> int:
-        """The most likely feasible action, or one drawn in proportion (``sample``); the heuristic if none."""
-        if probs.sum() <= 0.0:
-            return HEURISTIC
-        if self._rng is None:
-            return int(probs.argmax())
-        return int(self._rng.choice(len(probs), p=probs / probs.sum()))
+    @property
+    def fallbacks(self) -> int:
+        return self.placer.fallbacks
 
-    def choose(self, j: int, p: int, part: Any, cands: list) -> int | None:
-        sim = self.sim
-        scores = self.scores(j, p, cands)
-        obs = observe(sim, j, p, part, cands, scores)
-        mask = action_mask(cands, can_wait=sim.n_running > 0)
-        action = self._act(obs, mask)
-        self.decisions += 1
-        if action == WAIT and mask[WAIT]:
-            self.waits += 1
-            return None
-        if action < WAIT and mask[action]:
-            return action
-        if action == HEURISTIC:
-            self.delegated += 1
-        else:
-            self.fallbacks += 1
-        return least_cost(scores, sim.gpus[j])[0]
+    @property
+    def delegated(self) -> int:
+        return self.placer.delegated
+
+    @property
+    def waits(self) -> int:
+        return self.placer.waits

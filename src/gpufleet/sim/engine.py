@@ -503,13 +503,18 @@ class Simulator:
                 continue
             for v, _ in chosen:
                 self._preempt(v, now)
-            alloc = self.policy.place(j, p, part)
-            while alloc is None and cfg.strict_placement:  # free more until a compact placement exists
-                extra = next(gen, None)
-                if extra is None:
-                    break
-                self._preempt(extra[0], now)
+            placer = self.policy.placer
+            placer.may_wait = False  # jobs were preempted for this one: its placement must not hold it back
+            try:
                 alloc = self.policy.place(j, p, part)
+                while alloc is None and cfg.strict_placement:  # free more until a compact placement exists
+                    extra = next(gen, None)
+                    if extra is None:
+                        break
+                    self._preempt(extra[0], now)
+                    alloc = self.policy.place(j, p, part)
+            finally:
+                placer.may_wait = True
             gen.close()
             if alloc is not None:
                 self._start(j, p, alloc, now)
@@ -557,7 +562,8 @@ class Simulator:
                 if e is not None:
                     bisect.insort(heads, (e, ck))
                 continue
-            if preemptive and g < fail_g:
+            # a placement that chose to hold the job for a better slot is not overruled by preempting for it
+            if preemptive and g < fail_g and not (g <= free_now and pol.placer.waited):
                 if self._preempt_for(j):
                     # victims went back to the queue: rebuild the heads, keeping blocked classes out
                     free_now = sum(p.total_free for p in self.parts)

@@ -14,7 +14,7 @@ from typing import Any
 
 import polars as pl
 
-from gpufleet.sched.policy import make_policy
+from gpufleet.sched.policy import make_scheduler
 from gpufleet.sim.config import SimConfig
 from gpufleet.sim.engine import Simulator
 from gpufleet.sim.failures import OutagePlan, OutageSettings
@@ -22,6 +22,7 @@ from gpufleet.sim.features.base import Feature
 from gpufleet.sim.features.inference import InferenceUsage, PoolGPUs
 from gpufleet.sim.network import network_for_run
 from gpufleet.sim.result import SimResult
+from gpufleet.sim.run import label_opts
 from gpufleet.sim.workload import Workload, partitions_for
 
 #: Checkpoint interval used with failures when none is given: MegaScale-style periodic checkpoints, hourly.
@@ -59,6 +60,7 @@ class FailureRun:
     policy_opts: Mapping[str, Any] = field(default_factory=dict)
     inference: Any = None  # gpufleet.traces.inference.InferenceLoad (None: no inference load)
     elastic: Any = None  # gpufleet.sim.elastic_jobs.ElasticConfig for the Aryl family (None: defaults)
+    placement_opts: Mapping[str, Any] = field(default_factory=dict)  # options of the label's placement
 
 
 def run_failure_one(run: FailureRun) -> SimResult:
@@ -67,7 +69,7 @@ def run_failure_one(run: FailureRun) -> SimResult:
     The fleet's time origin is the trace's first submission. A predictor run's ``SimResult.policy`` is
     ``"<policy>+predictor"``; its summary keeps ``policy`` and adds ``predictor`` (True / False).
     """
-    policy = make_policy(run.policy, **dict(run.policy_opts))
+    policy = make_scheduler(run.policy, run.policy_opts, run.placement_opts)
     workload = Workload.from_frame(run.jobs)
     parts = partitions_for(run.cluster)
     origin = float(workload.submit[0]) if len(workload) else 0.0
@@ -92,6 +94,8 @@ def run_failure_one(run: FailureRun) -> SimResult:
         network = network_for_run(run.cluster, parts, run.jobs, run.config)
         sim = Simulator(workload, parts, policy, run.config, plan, network=network, features=features)
     result = sim.run()
+    result.policy = run.policy
+    result.summary["placement"] = policy.placement
     result.summary["predictor"] = predictor
     if predictor:
         result.policy = f"{run.policy}+predictor"
@@ -120,13 +124,13 @@ def run_failure_study(
     policy_opts = policy_opts or {}
     runs: list[FailureRun] = []
     for name in policies:
-        opts = dict(policy_opts.get(name, {}))
-        base = FailureRun(name, jobs, cluster, failures, None, config, settings, opts, inference, elastic)
+        opts, plopts = label_opts(name, policy_opts)
+        base = FailureRun(name, jobs, cluster, failures, None, config, settings, opts, inference, elastic, plopts)
         runs.append(base)
         if alerts is not None:
             runs.append(replace(base, alerts=alerts))
     for r in runs:  # fail fast on a bad policy before any worker starts
-        make_policy(r.policy, **dict(r.policy_opts))
+        make_scheduler(r.policy, r.policy_opts, r.placement_opts)
     if workers <= 1 or len(runs) == 1:
         results = []
         for r in runs:

@@ -10,7 +10,8 @@ from typing import Any
 import polars as pl
 
 from gpufleet.errors import ConfigError
-from gpufleet.sched.policy import available_policies, make_policy
+from gpufleet.sched.placement.base import available_placements
+from gpufleet.sched.policy import available_policies, make_policy, make_scheduler, split_label
 from gpufleet.sim.config import SimConfig
 from gpufleet.sim.engine import Simulator
 from gpufleet.sim.features.base import Feature
@@ -25,7 +26,9 @@ BASELINE_POLICIES = ("fifo", "sjf", "srtf", "las", "tiresias")
 
 @dataclass(frozen=True)
 class RunSpec:
-    """Everything one worker needs to run one policy: picklable, so it travels to processes and Ray."""
+    """Everything one worker needs to run one policy: picklable, so it travels to processes and Ray.
+
+    ``policy`` is a run label: a policy name (with its default placement) or ``policy+placement``."""
 
     policy: str
     jobs: pl.DataFrame
@@ -34,11 +37,36 @@ class RunSpec:
     policy_opts: Mapping[str, Any] = field(default_factory=dict)
     inference: Any = None  # gpufleet.traces.inference.InferenceLoad: the inference pool's demand over time
     elastic: Any = None  # gpufleet.sim.elastic_jobs.ElasticConfig for the Aryl family (None: defaults)
+    placement_opts: Mapping[str, Any] = field(default_factory=dict)  # options of the label's placement
+
+
+def label_opts(label: str, opts: Mapping[str, Mapping[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(policy options, placement options) of run ``label`` from options keyed by policy and placement name.
+
+    A placement takes the options of its name that it knows (``contention.wait_below`` set for the ``contention``
+    alias policy also sets the ``contention`` placement's)."""
+    name, placement = split_label(label)
+    popts = dict(opts.get(name, {}))
+    if placement is None:
+        return popts, {}
+    known = available_placements()[placement].options if placement in available_placements() else {}
+    return popts, {k: v for k, v in opts.get(placement, {}).items() if k in known}
+
+
+def finish_labels(result: SimResult, label: str, policy: Any) -> SimResult:
+    """Name the run ``label`` and record its policy and placement in the summary."""
+    result.policy = label
+    result.summary["placement"] = policy.placement
+    return result
 
 
 def run_one(spec: RunSpec) -> SimResult:
-    """Simulate one policy; the building block of every sweep."""
-    policy = make_policy(spec.policy, **dict(spec.policy_opts))
+    """Simulate one (policy, placement) run; the building block of every sweep."""
+    policy = make_scheduler(spec.policy, spec.policy_opts, spec.placement_opts)
+    return finish_labels(_simulate(spec, policy), spec.policy, policy)
+
+
+def _simulate(spec: RunSpec, policy: Any) -> SimResult:
     if policy.engine == "elastic":
         from gpufleet.sim.elastic import ElasticSimulator
 
@@ -79,7 +107,7 @@ def _qualify(items: Sequence[str], policies: Sequence[str], known: Mapping[str, 
 
 def parse_policy_opts(items: Sequence[str], policies: Sequence[str]) -> dict[str, dict[str, Any]]:
     """Turn ``["tiresias.thresholds=3600,36000", "las.quantum_gpu_s=600"]`` into per-policy option dicts."""
-    known = available_policies()
+    known: dict[str, Any] = {**available_placements(), **available_policies()}
     out: dict[str, dict[str, Any]] = {p: {} for p in policies}
     for item in _qualify(items, policies, known):
         name, sep, value = item.partition("=")
@@ -87,7 +115,9 @@ def parse_policy_opts(items: Sequence[str], policies: Sequence[str]) -> dict[str
         if not sep or not dot or not key:
             raise ConfigError(f"--opt '{item}' must look like POLICY.OPTION=VALUE, e.g. las.quantum_gpu_s=600")
         if pol not in known:
-            raise ConfigError(f"--opt '{item}': unknown policy '{pol}' (available: {', '.join(sorted(known))})")
+            raise ConfigError(
+                f"--opt '{item}': unknown policy or placement '{pol}' (available: {', '.join(sorted(known))})"
+            )
         default = known[pol].options.get(key)
         if isinstance(default, float):
             try:
@@ -98,8 +128,23 @@ def parse_policy_opts(items: Sequence[str], policies: Sequence[str]) -> dict[str
             parsed = value
         out.setdefault(pol, {})[key] = parsed
     for pol, opts in out.items():
-        if pol in policies:
+        if pol in policies and pol in available_policies():
             make_policy(pol, **opts)  # validates option names and values before any worker starts
+    return out
+
+
+def pair_runs(policies: Sequence[str], placements: Sequence[str] | None) -> list[str]:
+    """The run labels covering every (policy, placement) pair, policy-major (None: each policy's default)."""
+    from gpufleet.sched.policy import pair_label
+
+    if not placements:
+        return list(policies)
+    out: list[str] = []
+    for p in policies:
+        for pl_name in placements:
+            label = pair_label(p, pl_name)
+            if label not in out:
+                out.append(label)
     return out
 
 
@@ -118,25 +163,30 @@ def run_policies(
 ) -> list[SimResult]:
     """Simulate each policy over the same jobs and cluster; results come back in the order of ``policies``.
 
+    Each entry of ``policies`` is a run label, a policy or a ``policy+placement`` pair (:func:`pair_runs`);
+    ``policy_opts`` is keyed by policy and placement names.
+
     ``workers`` > 1 fans the runs out over a process pool; ``ray_address`` ("local" or a cluster address)
     runs them as Ray tasks instead. Each run is deterministic, so the results do not depend on where it ran.
     """
     config = config or SimConfig()
     policy_opts = policy_opts or {}
     for name in policies:
-        make_policy(name, **dict(policy_opts.get(name, {})))  # fail fast on a bad name or option
+        make_scheduler(name, *label_opts(name, policy_opts))  # fail fast on a bad name, pair or option
     if ray_address is None and (workers is None or workers <= 1 or len(policies) == 1):
         results = []
         for name in policies:
-            results.append(
-                run_one(RunSpec(name, jobs, cluster, config, dict(policy_opts.get(name, {})), inference, elastic))
-            )
+            popts, plopts = label_opts(name, policy_opts)
+            results.append(run_one(RunSpec(name, jobs, cluster, config, popts, inference, elastic, plopts)))
             if on_done:
                 on_done(results[-1])
         return results
     # progress bars from several processes would garble the terminal: the caller reports completions
     quiet = replace(config, progress=False)
-    specs = [RunSpec(p, jobs, cluster, quiet, dict(policy_opts.get(p, {})), inference, elastic) for p in policies]
+    specs = []
+    for p in policies:
+        popts, plopts = label_opts(p, policy_opts)
+        specs.append(RunSpec(p, jobs, cluster, quiet, popts, inference, elastic, plopts))
     if ray_address is None:
         return _run_pool(specs, workers or 1, on_done)
     results = _run_ray(specs, ray_address)

@@ -1,0 +1,69 @@
+"""Every registered placement, under a non-preemptive and a preemptive order on a tiny cluster: it constructs,
+declares what it needs, finishes every job, rejects an unknown option in one line, and combines with a capacity
+policy (Aryl) only when it is the engine's own placement. A new placement file is picked up."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpufleet.errors import ConfigError
+from gpufleet.sched.placement.base import PLACEMENTS, Placement, make_placement
+from gpufleet.sched.policy import make_scheduler, pair_label
+from gpufleet.sim.config import SimConfig
+from gpufleet.sim.run import RunSpec, pair_runs, run_one
+from tests.plugins.test_conformance_policies import JOBS, NEEDS, _cluster
+
+ORDERS = ("sjf", "srtf", "tiresias")
+
+
+@pytest.mark.parametrize("name", PLACEMENTS.plugin_names())
+def test_placement_declares_itself(name: str) -> None:
+    cls = PLACEMENTS[name]
+    assert issubclass(cls, Placement) and cls.name == name
+    assert cls.summary and "\n" not in cls.summary, "a placement needs a one-line summary for --help"
+    assert set(cls.needs) <= NEEDS
+    assert all(isinstance(v, (float, str)) for v in cls.options.values())
+
+
+@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("name", PLACEMENTS.plugin_names())
+def test_placement_finishes_every_job_under_any_order(name: str, order: str) -> None:
+    cls = PLACEMENTS[name]
+    config = SimConfig(network="network" in cls.needs, debug=True)
+    jobs = JOBS if config.network else JOBS.drop("model")
+    label = pair_label(order, name)
+    result = run_one(RunSpec(label, jobs, _cluster(False), config))
+    assert result.summary["finished"] == JOBS.height
+    assert result.summary["policy"] == order and result.summary["placement"] == name
+    assert result.policy == (order if name == "consolidate" else f"{order}+{name}")
+    out = result.jobs
+    assert (out["finish_s"] >= out["submit_s"] - 1e-9).all()
+
+
+@pytest.mark.parametrize("name", PLACEMENTS.plugin_names())
+def test_placement_rejects_an_unknown_option_in_one_line(name: str) -> None:
+    make_placement(name)
+    with pytest.raises(ConfigError) as info:
+        make_placement(name, no_such_option=1.0)
+    assert "no_such_option" in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("name", PLACEMENTS.plugin_names())
+def test_capacity_policy_takes_only_its_own_placement(name: str) -> None:
+    if PLACEMENTS[name].gpu_level:
+        with pytest.raises(ConfigError) as info:
+            make_scheduler(f"aryl+{name}")
+        assert "\n" not in str(info.value) and "servers" in str(info.value)
+    else:
+        assert make_scheduler(f"aryl+{name}").placement == name
+
+
+def test_pairs_cover_every_policy_and_placement_with_plain_default_names() -> None:
+    assert pair_runs(["fifo", "srtf"], ["consolidate", "rl"]) == ["fifo", "fifo+rl", "srtf", "srtf+rl"]
+    assert pair_runs(["las-spread"], None) == ["las-spread"]
+    assert pair_runs(["las-spread"], ["spread"]) == ["las-spread"]  # an alias's own placement keeps its name
+
+
+def test_unknown_placement_name_lists_the_registered_ones() -> None:
+    with pytest.raises(ConfigError, match=r"^unknown placement 'sprad'\. Did you mean 'spread'\? Available: "):
+        make_placement("sprad")
