@@ -5,13 +5,13 @@ policy (Aryl) only when it is the engine's own placement. A new placement file i
 from __future__ import annotations
 
 import pytest
+from tests.plugins.test_conformance_policies import JOBS, NEEDS, _cluster
 
 from gpufleet.errors import ConfigError
 from gpufleet.sched.placement.base import PLACEMENTS, Placement, make_placement
 from gpufleet.sched.policy import make_scheduler, pair_label
 from gpufleet.sim.config import SimConfig
 from gpufleet.sim.run import RunSpec, pair_runs, run_one
-from tests.plugins.test_conformance_policies import JOBS, NEEDS, _cluster
 
 ORDERS = ("sjf", "srtf", "tiresias")
 
