@@ -60,7 +60,7 @@ def main() -> None:
             "--failure-scale",
             str(args.failure_scale),
         )
-        half = max(args.days // 2, 4)
+        half = max(args.days // 2, 8)
         cli(
             "health",
             "train",
@@ -70,7 +70,7 @@ def main() -> None:
             "--model",
             "gbdt",
             "--train-span",
-            f"{half - 3}d",
+            f"{half - 5}d",
             "--calibrate",
             "3d",
             "--until",
