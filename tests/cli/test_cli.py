@@ -55,6 +55,46 @@ def test_simulate_json_with_column_mapping(small_csv):
         assert 0 < r["gpu_util"] <= 1
 
 
+def test_simulate_covers_every_policy_placement_pair(small_csv):
+    res = gpufleet(
+        "simulate",
+        "--trace",
+        str(small_csv),
+        "--columns",
+        "submit=submission_time,duration=duration,gpus=num_gpu",
+        "--gpus",
+        "16",
+        "--policy",
+        "sjf,srtf",
+        "--placement",
+        "consolidate,spread",
+        "--json",
+    )
+    assert res.returncode == 0, res.stderr
+    rows = json.loads(res.stdout)
+    assert [(r["policy"], r["placement"]) for r in rows] == [
+        ("sjf", "consolidate"),
+        ("sjf", "spread"),
+        ("srtf", "consolidate"),
+        ("srtf", "spread"),
+    ]
+    table = gpufleet(
+        "simulate",
+        "--trace",
+        str(small_csv),
+        "--columns",
+        "submit=submission_time,duration=duration,gpus=num_gpu",
+        "--gpus",
+        "16",
+        "--policy",
+        "srtf",
+        "--placement",
+        "consolidate,spread",
+    )
+    assert table.returncode == 0, table.stderr
+    assert "srtf+spread: 200 jobs finished" in table.stderr
+
+
 def test_simulate_report_and_jobs_out(tmp_path):
     report, jobs_out = tmp_path / "out.html", tmp_path / "jobs.parquet"
     res = gpufleet(

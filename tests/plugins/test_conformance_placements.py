@@ -67,3 +67,20 @@ def test_pairs_cover_every_policy_and_placement_with_plain_default_names() -> No
 def test_unknown_placement_name_lists_the_registered_ones() -> None:
     with pytest.raises(ConfigError, match=r"^unknown placement 'sprad'\. Did you mean 'spread'\? Available: "):
         make_placement("sprad")
+
+
+@pytest.mark.parametrize(("alias", "pair"), [("las-spread", "las+spread"), ("srtf-spread", "srtf+spread")])
+def test_spread_aliases_equal_their_pairs(alias: str, pair: str) -> None:
+    config = SimConfig(debug=True)
+    jobs = JOBS.drop("model")
+    a = run_one(RunSpec(alias, jobs, _cluster(False), config))
+    b = run_one(RunSpec(pair, jobs, _cluster(False), config))
+    assert a.jobs.drop("preemptions").equals(b.jobs.drop("preemptions")) and a.jobs.equals(b.jobs)
+    assert a.summary["placement"] == b.summary["placement"] == "spread"
+
+
+def test_a_waiting_placement_under_a_preemptive_order_finishes_every_job() -> None:
+    config = SimConfig(network=True, debug=True)
+    opts = {"wait_below": 0.99}
+    result = run_one(RunSpec("srtf+contention", JOBS, _cluster(False), config, placement_opts=opts))
+    assert result.summary["finished"] == JOBS.height
