@@ -314,20 +314,9 @@ class ElasticSimulator(Simulator):
         self._new_segment(j, now, pause)
         self.policy.on_start(j, now)
 
-    def _stop_segment(self, j: int, now: float) -> float:
-        prog = self.progress_now(j, now)
-        for hook in self._stop_hooks:
-            hook(j, now)
-        held = now - self.seg_start[j]
-        self.held_s[j] += held
-        self.attained[j] += held * self.gpus[j]
-        self.useful[j] += prog
+    def _release_placement(self, j: int) -> None:
         self._release_all(j)
         del self.running[j]
-        self.n_running -= 1
-        self._ver[j] += 1
-        self.token[j] += 1
-        return prog
 
     def _release_all(self, j: int) -> None:
         for s in list(self.where[j]):

@@ -315,17 +315,21 @@ class Simulator:
         self.held_s[j] += held
         self.attained[j] += held * self.gpus[j]
         self.useful[j] += prog
+        self._release_placement(j)
+        self._ver[j] += 1
+        self.n_running -= 1
+        self.token[j] += 1
+        return prog
+
+    def _release_placement(self, j: int) -> None:
+        """Give back the GPUs that stopping job ``j`` held (a placement subclass releases its own way)."""
         p = self.part_of[j]
         self.parts[p].release(self.alloc[j])  # type: ignore[arg-type]
         self.alloc[j] = None
         del self._running[p][j]
         self._hver[j] += 1
-        self._ver[j] += 1
         self.busy -= self.gpus[j]
         self._churn += self.gpus[j]
-        self.n_running -= 1
-        self.token[j] += 1
-        return prog
 
     def change_speed(self, k: int, now: float, new: float) -> None:
         """Running job ``k`` goes on at speed ``new`` from ``now``: bank its progress, move its completion."""
