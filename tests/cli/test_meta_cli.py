@@ -109,3 +109,7 @@ def test_bad_inputs_fail_in_one_line(monkeypatch, capsys, tmp_path):
     assert code == 2 and "--columns" in err
     code, _, err = run_main(monkeypatch, capsys, "meta", "evaluate", str(tmp_path / "none.pt"), str(tmp_path))
     assert code == 2 and "no such model file" in err
+
+
+# every test here launches ranks (torchrun or gloo processes): one such test at a time across xdist workers
+pytestmark = pytest.mark.multiprocess

@@ -183,6 +183,7 @@ _WORKER = textwrap.dedent(
 
 
 @pytest.mark.slow
+@pytest.mark.multiprocess
 def test_two_rank_gloo_gather_writes_every_rank_and_step(tmp_path: Path) -> None:
     out = tmp_path / "timings.csv"
     script = tmp_path / "worker.py"

@@ -150,6 +150,7 @@ def test_run_workload_rejects_a_bad_fault_before_launching(tmp_path: Path) -> No
 
 # ---- torchrun runs ------------------------------------------------------------------------------------------------
 @pytest.mark.slow
+@pytest.mark.multiprocess
 def test_two_ranks_without_fault_write_traces_truth_and_timings(tmp_path: Path) -> None:
     out = run_workload(tmp_path / "run", nproc=2, steps=3, extra=["--timings", str(tmp_path / "timings.csv")])
     truth = json.loads((out / "fault.json").read_text())
@@ -175,6 +176,7 @@ def test_two_ranks_without_fault_write_traces_truth_and_timings(tmp_path: Path) 
 
 
 @pytest.mark.slow
+@pytest.mark.multiprocess
 def test_slow_data_on_rank_1_shows_in_its_dataloader_op(tmp_path: Path) -> None:
     out = run_workload(tmp_path, fault="slow-data:1:0.05", nproc=2, steps=3)
     truth = json.loads((out / "fault.json").read_text())
@@ -185,6 +187,7 @@ def test_slow_data_on_rank_1_shows_in_its_dataloader_op(tmp_path: Path) -> None:
 
 # ---- end to end: the workload's faults, found by the analyser (bench/diagnose_accuracy.py runs the full matrix) -----
 @pytest.mark.slow
+@pytest.mark.multiprocess
 def test_a_throttled_rank_is_the_top_compute_finding(tmp_path: Path) -> None:
     from gpufleet.diagnose.analyzer import TraceAnalyzer
 
@@ -195,6 +198,7 @@ def test_a_throttled_rank_is_the_top_compute_finding(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.multiprocess
 def test_a_hung_rank_is_found_in_the_collective_it_never_entered(tmp_path: Path) -> None:
     from gpufleet.diagnose.analyzer import TraceAnalyzer
 

@@ -167,3 +167,7 @@ def test_train_entry_point_reports_a_bad_folder_in_one_line(tmp_path):
     )
     assert done.returncode == 2
     assert done.stderr.startswith("error:") and "missing" in done.stderr and "Traceback" not in done.stderr
+
+
+# every test here launches ranks (torchrun or gloo processes): one such test at a time across xdist workers
+pytestmark = pytest.mark.multiprocess
