@@ -121,7 +121,7 @@ def test_target_busy_gpus_loads_the_cluster() -> None:
     assert window_load(jobs, 5_000) == pytest.approx(1.0, rel=0.03)
 
 
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=12, deadline=None, derandomize=True)  # the same draws in every CI run
 @given(
     n=st.sampled_from([20_000, 50_000, 100_000]),
     jobs_per_gpu=st.sampled_from([5, 10, 20]),
@@ -137,7 +137,11 @@ def test_offered_load_over_the_arrival_window_is_the_target(
         jobs = generate_jobs(n, seed=seed, target_busy_gpus=load * gpus, duration_dist=dist)
     except TraceError:  # too few jobs for that load (tested on its own below): not a case of this property
         reject()
-    assert window_load(jobs, gpus) == pytest.approx(load, rel=0.06)
+    # the plan hits L in expectation; one sample's GPU-time mean is off by its standard error (2-3 % at 20k jobs
+    # of this heavy-tailed size mix), so the bound is 3 % of model error plus 4 standard errors
+    work = (jobs["num_gpus"] * jobs["duration_s"]).to_numpy()
+    standard_error = float(work.std() / work.mean() / math.sqrt(len(work)))
+    assert window_load(jobs, gpus) == pytest.approx(load, rel=0.03 + 4 * standard_error)
 
 
 @pytest.mark.parametrize(("n", "gpus", "load"), [(1_000_000, 100_000, 0.8), (100_000, 10_000, 0.5)])

@@ -226,7 +226,7 @@ class ElasticSimulator(Simulator):
     def _close_segment(self, j: int, now: float, account: bool = True) -> None:
         """Bank running ``j``'s progress up to ``now`` before its workers (or its contention) change."""
         if account and self._netf is not None:
-            self._netf.contention_gpu_s += self.network.lost(j) * (now - self.pseg_start[j]) * self.gpus[j]  # type: ignore[union-attr]
+            self._netf.contention_gpu_s += self._netf.state.lost(j) * (now - self.pseg_start[j]) * self.gpus[j]
         base = self.progress_now(j, now)
         over = self.seg_over[j] - (now - self.pseg_start[j])
         self.seg_over[j] = over if over > 0.0 else 0.0

@@ -216,7 +216,7 @@ class Simulator:
     def jobs_on_node(self, p: int, node: int) -> list[int]:
         """The running jobs of partition ``p`` that hold GPUs of node ``node``."""
         alloc = self.alloc
-        return [j for j in self._running[p] if any(n == node for n, _ in alloc[j])]  # type: ignore[union-attr]
+        return [j for j in self._running[p] if any(n == node for n, _ in alloc[j] or ())]  # running: never None
 
     def running_jobs(self) -> list[int]:
         """Every running job (all partitions)."""
@@ -713,7 +713,7 @@ class Simulator:
                 assert self.submit[j] <= now, f"job {j} runs before it arrives"
                 held += self.gpus[j]
                 running += 1
-                assert sum(c for _, c in self.alloc[j]) == self.gpus[j]  # type: ignore[union-attr]
+                assert sum(c for _, c in self.alloc[j] or ()) == self.gpus[j]
             assert part.total - part.total_free - self._down[p] == sum(self.gpus[j] for j in self._running[p])
         assert held == self.busy <= self.total_gpus, "more GPUs allocated than exist"
         if self._heap_victims:

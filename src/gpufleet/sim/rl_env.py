@@ -111,20 +111,28 @@ def make_env(
                 self._to_sim.get_nowait()
 
         # -- rewards -----------------------------------------------------------------------------
+        def _bound(self) -> Simulator:
+            """The running episode's simulator (set by ``reset`` before any step or reward)."""
+            if self.sim is None:
+                raise RuntimeError("the environment has no episode: call reset() first")
+            return self.sim
+
         def _system_time(self, now: float) -> float:
-            sim = self.sim
+            sim = self._bound()
             submit = self._submit
             arrived = submit <= now
-            finish = np.asarray(sim.finish)  # type: ignore[union-attr]
+            finish = np.asarray(sim.finish)
             end = np.where(np.isnan(finish), now, np.minimum(finish, now))
             return float(np.sum((end - submit)[arrived]))
 
         def _paper_reward(self) -> float:
-            sim = self.sim
-            net = sim.network  # type: ignore[union-attr]
+            sim = self._bound()
+            net = sim.network
+            if net is None:
+                raise ConfigError("the paper reward reads the network model: train with the network on")
             ratios = [net.current_ratio(k) for k, links in net.links.items() if links]
             slowdown = 1.0 - (float(np.mean(ratios)) if ratios else 1.0)
-            return -w1 * slowdown + w2 * sim.busy / sim.total_gpus  # type: ignore[union-attr]
+            return -w1 * slowdown + w2 * sim.busy / sim.total_gpus
 
         def _reward(self, now: float) -> float:
             if reward == "paper":
@@ -142,13 +150,14 @@ def make_env(
             if kind == "done":
                 self.last_result = a
                 self._thread = None
-                end = float(np.nanmax(np.asarray(self.sim.finish))) if self.sim.n else 0.0  # type: ignore[union-attr]
+                sim = self._bound()
+                end = float(np.nanmax(np.asarray(sim.finish))) if sim.n else 0.0
                 r = self._reward(end) if reward != "paper" else 0.0
                 if reward == "jct-tail" and a.jobs.height:
                     r -= TAIL_WEIGHT * float(np.percentile(a.jobs["jct_s"].to_numpy(), 99)) / 3600.0
                 return np.zeros(OBS_SIZE, dtype=np.float32), r, True, {"summary": a.summary}
             self._mask = b
-            return a, self._reward(self.sim.now), False, {"action_mask": b}  # type: ignore[union-attr]
+            return a, self._reward(self._bound().now), False, {"action_mask": b}
 
         def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
             super().reset(seed=seed)
