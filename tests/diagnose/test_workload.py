@@ -192,7 +192,12 @@ def test_a_throttled_rank_is_the_top_compute_finding(tmp_path: Path) -> None:
     from gpufleet.diagnose.analyzer import TraceAnalyzer
 
     out = run_workload(tmp_path, fault="slow-rank:2:1", nproc=4, steps=8)  # as bench/diagnose_accuracy.py runs it
-    top = TraceAnalyzer(out).diagnose().alarms[0]
+    diagnosis = TraceAnalyzer(out).diagnose()
+    assert diagnosis.alarms, "no alarm; top findings: " + "; ".join(
+        f"rank {f.rank} {f.category} {f.function} {f.cost_s_per_step * 1e3:.1f} ms/step {f.evidence}"
+        for f in diagnosis.findings[:4]
+    )
+    top = diagnosis.alarms[0]
     assert (top.rank, top.category, top.function) == (2, "compute", "gpufleet::device_wait")
     assert top.evidence["others_wait_s_per_step"] > 0  # the other ranks wait for it
 
