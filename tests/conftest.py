@@ -14,7 +14,8 @@ os.environ.pop("LINES", None)
 @pytest.fixture(autouse=True)
 def _one_multiprocess_test_at_a_time(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     """Tests marked ``multiprocess`` (torchrun / gloo jobs of several ranks) hold one lock shared by the
-    pytest-xdist workers: two 4-rank jobs on CI's 2 cores at once drown the timing faults they inject."""
+    pytest-xdist workers, so no two multi-rank jobs share CI's 2 cores: their injected timing faults are
+    measured against the other ranks, and eight ranks on two cores blur them."""
     if request.node.get_closest_marker("multiprocess") is None:
         yield
         return
