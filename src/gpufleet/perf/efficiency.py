@@ -17,7 +17,15 @@ from gpufleet.spec._validation import spec_error
 from gpufleet.spec.catalog import data_file
 from gpufleet.spec.hardware import GPUSpec, NICSpec
 
-__all__ = ["ComputeEfficiency", "Efficiency", "LinkEfficiency", "default_efficiency", "load_efficiency"]
+__all__ = [
+    "ComputeEfficiency",
+    "Efficiency",
+    "LinkEfficiency",
+    "StackConstants",
+    "default_efficiency",
+    "jobspeed_efficiency",
+    "load_efficiency",
+]
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
 
@@ -71,10 +79,19 @@ class SoftwareConstants(BaseModel):
     step_overhead_s: float = Field(ge=0)
     layer_overhead_us: float = Field(ge=0)
     memory_reserve_gb: float = Field(ge=0)
+    ep_overlap_exposed: float = Field(default=0.25, ge=0, le=1)
+
+
+class StackConstants(BaseModel):
+    """Constants of one training stack, relative to the reference stack (Megatron-Core = 1)."""
+
+    model_config = _STRICT
+
+    compute: float = Field(default=1.0, gt=0, le=2, description="achieved compute rate vs the reference stack")
 
 
 class Efficiency(BaseModel):
-    """All achieved-efficiency constants: per generation, intra-node, per network class, software."""
+    """All achieved-efficiency constants: per generation, intra-node, per network class, software, stack."""
 
     model_config = _STRICT
 
@@ -82,6 +99,7 @@ class Efficiency(BaseModel):
     intra: IntraNodeEfficiency
     network: dict[str, LinkEfficiency]
     software: SoftwareConstants
+    stack: dict[str, StackConstants] = Field(default_factory=dict)
 
     def for_gpu(self, gpu: GPUSpec) -> ComputeEfficiency:
         """Constants of ``gpu``'s generation, or the uncalibrated defaults."""
@@ -108,3 +126,10 @@ def load_efficiency(path: str | Path) -> Efficiency:
 def default_efficiency() -> Efficiency:
     """The shipped constants (``gpufleet/data/perf_efficiency.toml``)."""
     return load_efficiency(data_file("perf_efficiency.toml"))
+
+
+@functools.cache
+def jobspeed_efficiency() -> Efficiency:
+    """The constants the simulator's job-speed model runs on (``perf_efficiency_jobspeed.toml``): frozen, so
+    that refitting the validation constants does not move simulated job speeds."""
+    return load_efficiency(data_file("perf_efficiency_jobspeed.toml"))

@@ -12,7 +12,7 @@ import functools
 import math
 
 from gpufleet.errors import ConfigError
-from gpufleet.perf.efficiency import Efficiency
+from gpufleet.perf.efficiency import Efficiency, jobspeed_efficiency
 from gpufleet.perf.model_spec import ModelSpec
 from gpufleet.perf.options import TrainOptions
 from gpufleet.perf.planner import plan_layouts
@@ -25,7 +25,9 @@ class JobSpeedModel:
     """Cached throughput of one model on one kind of node, as a function of GPU count and placement.
 
     ``tokens_per_gpu_batch`` sets the global batch as GPUs grow (weak scaling, ``gbs = gpus x
-    tokens_per_gpu_batch / seq`` rounded to a multiple of the DP size the planner chooses).
+    tokens_per_gpu_batch / seq`` rounded to a multiple of the DP size the planner chooses). Without
+    ``efficiency`` it runs on the frozen job-speed constants (``jobspeed_efficiency``), not on the
+    refittable validation constants, so simulated speeds stay put when ``perf calibrate`` moves those.
     """
 
     def __init__(
@@ -40,7 +42,7 @@ class JobSpeedModel:
         self.system = system
         self.tokens_per_gpu_batch = tokens_per_gpu_batch
         self.options = options
-        self.efficiency = efficiency
+        self.efficiency = efficiency or jobspeed_efficiency()
         self._throughput = functools.lru_cache(maxsize=4096)(self._compute)
 
     def _compute(self, gpus: int, nodes: int) -> float:
@@ -61,9 +63,11 @@ class JobSpeedModel:
             plan = plan_layouts(
                 self.model, placed, gpus, gbs, options=self.options, efficiency=self.efficiency, top=1, max_cp=1
             )
-            row = plan.table.row(0, named=True)
-        except (ConfigError, IndexError):
+        except ConfigError:
             return 0.0
+        if plan.table.is_empty():  # nothing fits in memory
+            return 0.0
+        row = plan.table.row(0, named=True)
         return float(gbs * self.model.seq / row["step_time_s"])
 
     def throughput(self, gpus: int, nodes: int | None = None) -> float:

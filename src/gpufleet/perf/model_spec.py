@@ -40,6 +40,21 @@ class ModelSpec(BaseModel):
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"
     position: Literal["learned", "rope", "alibi"] = "learned"
     tied_embeddings: bool = Field(default=True, description="the output layer reuses the input embedding")
+    # --- mixture of experts (experts = 0: a dense model) ---
+    experts: int = Field(default=0, ge=0, description="routed experts per MoE layer; 0 = dense MLP everywhere")
+    top_k: int = Field(default=1, gt=0, description="routed experts each token visits")
+    shared_experts: int = Field(default=0, ge=0, description="experts every token visits (DeepSeek, Llama 4)")
+    expert_ffn: int | None = Field(default=None, gt=0, description="width of one expert's MLP; None = ffn_hidden")
+    dense_layers: int = Field(default=0, ge=0, description="leading layers with a dense MLP (DeepSeek-V3: 3)")
+    moe_every: int = Field(default=1, gt=0, description="after dense_layers, every n-th layer is MoE (Maverick: 2)")
+    capacity_factor: float | None = Field(default=None, gt=0, description="token capacity per expert; None = dropless")
+    route_nodes: int | None = Field(default=None, gt=0, description="node-limited routing: nodes a token may reach")
+    # --- multi-head latent attention (DeepSeek-V2/V3); kv_lora_rank None = standard attention ---
+    q_lora_rank: int | None = Field(default=None, gt=0)
+    kv_lora_rank: int | None = Field(default=None, gt=0)
+    qk_nope_dim: int | None = Field(default=None, gt=0)
+    qk_rope_dim: int | None = Field(default=None, gt=0)
+    v_head_dim: int | None = Field(default=None, gt=0)
     source: str = ""
 
     @model_validator(mode="after")
@@ -48,7 +63,36 @@ class ModelSpec(BaseModel):
             raise ValueError(f"hidden ({self.hidden}) must be a multiple of heads ({self.heads})")
         if self.kv_heads is not None and (self.kv_heads > self.heads or self.heads % self.kv_heads):
             raise ValueError(f"kv_heads ({self.kv_heads}) must divide heads ({self.heads})")
+        if self.experts and self.top_k > self.experts:
+            raise ValueError(f"top_k ({self.top_k}) must not exceed experts ({self.experts})")
+        if self.dense_layers > self.layers:
+            raise ValueError(f"dense_layers ({self.dense_layers}) must not exceed layers ({self.layers})")
+        mla = (self.kv_lora_rank, self.qk_nope_dim, self.qk_rope_dim, self.v_head_dim)
+        if any(v is not None for v in mla) and any(v is None for v in mla):
+            raise ValueError("latent attention needs kv_lora_rank, qk_nope_dim, qk_rope_dim and v_head_dim together")
         return self
+
+    @property
+    def is_moe(self) -> bool:
+        """Whether some layers route tokens to experts."""
+        return self.experts > 0
+
+    @property
+    def moe_layers(self) -> int:
+        """Layers whose MLP is a mixture of experts."""
+        if not self.experts:
+            return 0
+        return len(range(self.dense_layers, self.layers, self.moe_every))
+
+    @property
+    def expert_width(self) -> int:
+        """MLP width of one routed (or shared) expert."""
+        return self.expert_ffn or self.ffn
+
+    @property
+    def is_mla(self) -> bool:
+        """Whether attention is multi-head latent attention (compressed K/V)."""
+        return self.kv_lora_rank is not None
 
     @property
     def head_dim(self) -> int:

@@ -38,6 +38,13 @@ class TrainOptions(BaseModel):
     causal_flops: bool = Field(
         default=False, description="MFU convention: count half the attention square (Megatron main) or all"
     )
+    stack: str | None = Field(
+        default=None, description="training software stack (gpufleet.perf.stacks); None = the reference constants"
+    )
+    ep_overlap: bool = Field(default=False, description="overlap expert-parallel all-to-all with compute")
+    reshard_after_forward: bool = Field(
+        default=True, description="FSDP: free gathered weights after forward and gather them again for backward"
+    )
 
     @classmethod
     def megascale(cls, **overrides: object) -> TrainOptions:
@@ -65,6 +72,7 @@ class Layout(BaseModel):
     mbs: int = Field(default=1, gt=0, description="micro-batch size in sequences")
     vp: int = Field(default=1, gt=0, description="virtual pipeline stages per rank (interleaved 1F1B)")
     recompute: Recompute = "none"
+    ep: int = Field(default=1, gt=0, description="expert-parallel degree, carved out of DP x CP (MoE models)")
 
     @property
     def gpus(self) -> int:
@@ -72,5 +80,6 @@ class Layout(BaseModel):
         return self.tp * self.pp * self.dp * self.cp
 
     def describe(self) -> str:
-        """Compact text, e.g. 'TP8 PP8 DP16 CP1 mbs1 v6 selective'."""
-        return f"TP{self.tp} PP{self.pp} DP{self.dp} CP{self.cp} mbs{self.mbs} v{self.vp} {self.recompute}"
+        """Compact text, e.g. 'TP8 PP8 DP16 CP1 mbs1 v6 selective' (' EP64' after CP for expert parallelism)."""
+        ep = f" EP{self.ep}" if self.ep > 1 else ""
+        return f"TP{self.tp} PP{self.pp} DP{self.dp} CP{self.cp}{ep} mbs{self.mbs} v{self.vp} {self.recompute}"

@@ -24,6 +24,8 @@ from gpufleet.perf.flops import (
     RECOMPUTE_MODES,
     attention_flops_per_token_layer,
     embedding_params,
+    expert_gemm_flops_per_token_layer,
+    expert_params_per_layer,
     gemm_flops_per_token_layer,
     hardware_flops_per_step,
     logit_flops_per_token,
@@ -34,18 +36,98 @@ from gpufleet.perf.flops import (
 from gpufleet.perf.memory import activation_bytes_per_token_layer, state_bytes_per_param
 from gpufleet.perf.model_spec import ModelSpec
 from gpufleet.perf.options import Layout, TrainOptions
+from gpufleet.perf.stacks import resolve_stack
 from gpufleet.perf.system import System
 
 __all__ = ["BREAKDOWN_KEYS", "StepEstimate", "estimate_step", "evaluate", "layout_problems"]
 
 #: Components of the step time, in the order reports show them.
-BREAKDOWN_KEYS = ("compute", "tp_comm", "cp_comm", "pp_bubble", "pp_comm", "dp_comm_exposed", "optimizer", "overhead")
+BREAKDOWN_KEYS = (
+    "compute",
+    "tp_comm",
+    "cp_comm",
+    "ep_comm",
+    "pp_bubble",
+    "pp_comm",
+    "dp_comm_exposed",
+    "optimizer",
+    "overhead",
+)
 
 _ADAM_BYTES_PER_PARAM = 40.0  # read fp32 param, grad, m, v; write param, m, v; write bf16 copy
 
 
 def _arr(x: Any) -> np.ndarray:
     return np.asarray(x, dtype=float)
+
+
+def _ep_all_to_all(
+    model: ModelSpec,
+    opt: TrainOptions,
+    sw: Any,
+    tokens: Any,
+    ep: np.ndarray,
+    stride: Any,
+    system: System,
+    intra_bw: float,
+    nic_bw: float,
+    rc: np.ndarray,
+) -> np.ndarray:
+    """Seconds per layer (averaged over all layers) of MoE dispatch + combine all-to-alls on one rank.
+
+    Each of ``tokens`` tokens goes to ``top_k`` experts spread over ``ep`` ranks, ``ep_local`` of them in this
+    node (EP peers sit ``stride`` = TP x CP ranks apart). Copies for ranks in the node cross NVLink. When EP
+    spans nodes the exchange is hierarchical (DeepSeek-V3, DeepEP): a token crosses the NIC once per
+    destination node (at most ``route_nodes`` with node-limited routing) and fans out over NVLink there.
+    Forward: dispatch (fp8 with fp8 training) and combine (bf16); backward: the same again; full recompute
+    repeats the forward. ``ep_overlap`` leaves ``ep_overlap_exposed`` of it on the critical path.
+    """
+    h = model.hidden
+    k = float(model.top_k)
+    per_node = float(system.gpus_per_node)
+    ep_local = np.clip(per_node / np.asarray(stride, dtype=float), 1.0, ep)
+    nodes = np.maximum(ep / ep_local, 1.0)
+    # distinct nodes a token's top-k experts land on (uniform routing), capped by node-limited routing
+    hit = nodes * (1.0 - (1.0 - 1.0 / nodes) ** k)
+    if model.route_nodes:
+        hit = np.minimum(hit, float(model.route_nodes))
+    remote = np.where(nodes > 1, hit * (nodes - 1.0) / nodes, 0.0)
+    local = k * (ep_local - 1.0) / ep + np.where(nodes > 1, k * (ep - ep_local) / ep, 0.0)
+    b_dispatch = 1.0 if opt.precision == "fp8" else 2.0
+    per_byte = local / intra_bw + remote / nic_bw
+    one_pass = np.asarray(tokens, dtype=float) * h * (b_dispatch + 2.0) * per_byte
+    passes = 2.0 + (np.asarray(rc) == 2)
+    share = model.moe_layers / model.layers
+    exposed = sw.ep_overlap_exposed if opt.ep_overlap else 1.0
+    return np.where(ep > 1, passes * one_pass * share * exposed, 0.0)
+
+
+def _fsdp_per_layer(
+    ag: Any,
+    rs: Any,
+    param_bytes: np.ndarray,
+    grad_bytes: np.ndarray,
+    layers: np.ndarray,
+    layer_t: np.ndarray,
+    m: np.ndarray,
+    reshard: bool,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(communication per micro-batch, exposed communication per step) of FSDP / ZeRO-3 on one stage.
+
+    Per layer: all-gather its weights before forward (prefetched behind the previous layer's forward),
+    again before backward when ``reshard`` (torchtitan's reshard_after_forward), and reduce-scatter its
+    gradients behind the next layer's backward; the first gather and the last reduce-scatter of each
+    micro-batch are never hidden. Forward is a third of a layer's time, backward the rest.
+    """
+    n = np.maximum(layers, 1.0)
+    ag_l = ag(param_bytes / n)
+    rs_l = rs(grad_bytes / n)
+    fwd, bwd = layer_t / 3.0, layer_t * 2.0 / 3.0
+    bwd_comm = rs_l + (ag_l if reshard else 0.0)
+    hidden_miss = np.maximum(ag_l - fwd, 0.0) + np.maximum(bwd_comm - bwd, 0.0)
+    per_mb = n * (ag_l + bwd_comm)
+    exposed = m * (n * hidden_miss + ag_l + rs_l)
+    return per_mb, exposed
 
 
 def evaluate(
@@ -62,8 +144,11 @@ def evaluate(
     seq: int | None = None,
     options: TrainOptions | None = None,
     efficiency: Efficiency | None = None,
+    ep: Any = 1,
 ) -> dict[str, np.ndarray]:
     """Score layouts; every layout argument may be an array (recompute as codes 0 none, 1 selective, 2 full).
+
+    ``ep`` is the expert-parallel degree of MoE models (carved out of DP x CP; 1 for dense models).
 
     Returns arrays: ``step_time_s``, the ``BREAKDOWN_KEYS`` components, ``microbatches``,
     ``memory_gb`` (and its parts), ``mfu``, ``hfu``, ``tokens_per_s``. Validity (divisibility, memory)
@@ -77,6 +162,9 @@ def evaluate(
     s = int(seq or model.seq)
     h, vocab = model.hidden, model.vocab
     tp, pp, dp, cp, mbs, vp = (_arr(x) for x in (tp, pp, dp, cp, mbs, vp))
+    stack_constants, _, _ = resolve_stack(opt.stack, eff)
+    moe = model.is_moe
+    ep = _arr(ep) if moe else 1.0
     rc = np.asarray(recompute)
     gbs = _arr(gbs)
     n_gpus = tp * pp * dp * cp
@@ -95,6 +183,10 @@ def evaluate(
     mem_rate = system.gpu.memory_bw_gbps * 1e9 * ce.memory
     tok = mbs * s / cp  # tokens of one micro-batch on one rank
     t_gemm = gemm_flops_per_token_layer(model) * tok / tp / gemm_rate
+    if moe:  # routed experts run at the efficiency of their own (narrower) per-GPU width
+        expert_flops = expert_gemm_flops_per_token_layer(model)
+        expert_rate = gemm_rate * ce.gemm_efficiency(model.expert_width / tp) / ce.gemm_efficiency(h / tp)
+        t_gemm = t_gemm + expert_flops * tok / tp * (1.0 / expert_rate - 1.0 / gemm_rate)
     window = min(1.0, opt.sliding_window / s) if opt.sliding_window else 1.0
     executed_attn = attention_flops_per_token_layer(model, s, causal=opt.flash_attention) * window
     attn_eff = ce.flash_attention if opt.flash_attention else ce.attention
@@ -104,6 +196,8 @@ def evaluate(
     elem_bytes = ce.elementwise_bytes * (sw.fused_elementwise if opt.fused_ops else 1.0) * tok * h
     t_elem = elem_bytes / np.where(opt.sequence_parallel, tp, 1.0) / mem_rate
     t_fwd = t_gemm + t_attn + t_elem
+    if stack_constants is not None:  # the stack reaches this share of the reference stack's compute rate
+        t_fwd = t_fwd / stack_constants.compute
     t_recompute = np.select([rc == 2, rc == 1], [t_fwd, t_attn], default=0.0)
     # kernel launches and host-side gaps of one layer's forward + backward (matter for small layers)
     t_layer_compute = 3.0 * t_fwd + t_recompute + sw.layer_overhead_us * 1e-6
@@ -136,7 +230,11 @@ def evaluate(
     layers_per_stage = np.ceil(model.layers / (pp * vp)) * vp
     empty_slots = np.where(pp > 1, layers_per_stage * pp - model.layers, 0.0)
     t_logits = 3.0 * logit_flops_per_token(model) * tok / tp / gemm_rate + 3.0 * 8.0 * vocab * tok / tp / mem_rate
-    layer_t = t_layer_compute + tp_layer + cp_layer
+    if stack_constants is not None:
+        t_logits = t_logits / stack_constants.compute
+    # expert-parallel dispatch and combine, averaged over layers like the MoE FLOPs
+    ep_layer = _ep_all_to_all(model, opt, sw, tok / tp, ep, tp * cp, system, intra_bw, nic_bw, rc) if moe else 0.0
+    layer_t = t_layer_compute + tp_layer + cp_layer + ep_layer
     shed = np.clip(empty_slots, 0.0, layers_per_stage - vp)
     last_slowest = (layers_per_stage - shed) * layer_t + t_logits >= layers_per_stage * layer_t
     slow_layers = np.where(last_slowest, layers_per_stage - shed, layers_per_stage)
@@ -144,6 +242,9 @@ def evaluate(
     tp_mb = slow_layers * tp_layer
     cp_mb = slow_layers * cp_layer
     t_mb = compute_mb + tp_mb + cp_mb
+    if moe:
+        ep_mb = slow_layers * ep_layer
+        t_mb = t_mb + ep_mb
 
     m = gbs / (dp * mbs)
     bubble = np.where(pp > 1, (pp - 1.0) / vp * t_mb, 0.0)
@@ -172,6 +273,11 @@ def evaluate(
         pp == 1, float(embedding_params(model)), float(model.vocab * h)
     )
     params_gpu = stage_params / tp
+    # routed experts are sharded over EP (and TP) instead of replicated over DP: they leave the dense part
+    stage_experts = layers_per_stage * expert_params_per_layer(model) if moe else 0.0
+    expert_gpu = stage_experts / (tp * ep) if moe else 0.0
+    if moe:
+        params_gpu = params_gpu - stage_experts / tp
     n_dp = dp * cp
     dp_per_node = np.clip(per_node / (tp), 1.0, n_dp)
     span_gpus = tp * n_dp
@@ -188,9 +294,10 @@ def evaluate(
     def ag(size: np.ndarray) -> np.ndarray:
         return coll.hierarchical_all_gather(size, n_dp, dp_per_node, intra_bw, dp_nic_bw, intra_alpha, nic_alpha)
 
-    if opt.zero == 3:  # FSDP: gather weights for forward and backward, reduce-scatter grads, every micro-batch
-        per_mb = 2.0 * ag(param_bytes) + rs(grad_bytes)
-        dp_exposed = m * np.maximum(per_mb - t_mb * sw.dp_overlap_window, 0.0)
+    if opt.zero == 3:  # FSDP: per layer, gather weights for forward (and backward), reduce-scatter grads
+        per_mb, dp_exposed = _fsdp_per_layer(
+            ag, rs, param_bytes, grad_bytes, layers_per_stage, layer_t, m, opt.reshard_after_forward
+        )
     else:
         if opt.zero == 0:
             t_dp = coll.hierarchical_all_reduce(
@@ -201,19 +308,46 @@ def evaluate(
         window = t_mb * sw.dp_overlap_window if opt.dp_overlap else 0.0
         dp_exposed = np.maximum(t_dp - window, 0.0)
     dp_exposed = np.where(n_dp > 1, dp_exposed, 0.0)
+    if moe:  # expert gradients reduce over the n_dp / ep ranks that hold the same experts
+        n_edp = np.maximum(n_dp / ep, 1.0)
+        edp_node = np.clip(dp_per_node / ep, 1.0, n_edp)
+        e_grad = coll.hierarchical_reduce_scatter(
+            expert_gpu * opt.grad_reduce_bytes, n_edp, edp_node, intra_bw, dp_nic_bw, intra_alpha, nic_alpha
+        ) + coll.hierarchical_all_gather(expert_gpu * 2.0, n_edp, edp_node, intra_bw, dp_nic_bw, intra_alpha, nic_alpha)
+        if opt.zero == 3:
+            e_grad = m * (
+                e_grad
+                + coll.hierarchical_all_gather(
+                    expert_gpu * 2.0, n_edp, edp_node, intra_bw, dp_nic_bw, intra_alpha, nic_alpha
+                )
+                * opt.reshard_after_forward
+            )
+        e_window = t_mb * sw.dp_overlap_window if (opt.dp_overlap or opt.zero == 3) else 0.0
+        dp_exposed = dp_exposed + np.where(n_edp > 1, np.maximum(e_grad - e_window, 0.0), 0.0)
 
     # --- optimizer: Adam over this rank's shard, memory-bound ---
     opt_params = params_gpu / np.where(opt.zero >= 1, n_dp, 1.0)
+    if moe:
+        opt_params = opt_params + expert_gpu / np.where(opt.zero >= 1, np.maximum(n_dp / ep, 1.0), 1.0)
     optimizer = opt_params * _ADAM_BYTES_PER_PARAM / mem_rate
 
     compute = m * compute_mb
     tp_comm = m * tp_mb
     cp_comm = m * cp_mb
+    ep_comm = m * ep_mb if moe else 0.0 * compute
     overhead = np.full_like(compute, sw.step_overhead_s)
     step = compute + tp_comm + cp_comm + bubble + pp_comm + dp_exposed + optimizer + overhead
+    if moe:
+        step = step + ep_comm
 
     # --- memory per GPU on the first stage (most micro-batches in flight) ---
     states = stage_params / tp * state_bytes_per_param(opt.zero, n_dp)
+    if moe:
+        states = params_gpu * state_bytes_per_param(opt.zero, n_dp) + expert_gpu * state_bytes_per_param(
+            opt.zero, np.maximum(n_dp / ep, 1.0)
+        )
+    if opt.zero == 3:  # FSDP holds the gathered weights of about two layers (current and prefetched)
+        states = states + 2.0 * 2.0 * (stage_params - stage_experts) / tp / layers_per_stage
     act_tok = activation_bytes_per_token_layer(model, s, tp, rc, opt.sequence_parallel, opt.flash_attention)
     # 1F1B: the first stage holds p micro-batches; interleaved (v > 1): p + (p-1)/v (Korthikanti 2022)
     in_flight = np.where(pp > 1, np.minimum(m, pp) + np.where(vp > 1, (pp - 1.0) / vp, 0.0), 1.0)
@@ -237,6 +371,7 @@ def evaluate(
         "compute": compute,
         "tp_comm": tp_comm,
         "cp_comm": cp_comm + 0.0 * step,
+        "ep_comm": ep_comm + 0.0 * step,
         "pp_bubble": m * 0 + bubble,
         "pp_comm": pp_comm,
         "dp_comm_exposed": dp_exposed,
