@@ -64,6 +64,16 @@ def serve(
     dtype: Annotated[str, typer.Option(help="float32 (CPU default), float16 or bfloat16")] = "float32",
     device: Annotated[str, typer.Option(help="cpu or cuda")] = "cpu",
     lora_backend: Annotated[str, typer.Option(help="auto (triton on a GPU, else torch), torch or triton")] = "auto",
+    api_keys: Annotated[
+        Path | None,
+        typer.Option(
+            help="TOML file of tenants: key (or key_sha256), adapters they may use, rate limits, admin "
+            "(docs/serve_multitenant.md). Without it the server only listens on 127.0.0.1."
+        ),
+    ] = None,
+    max_rank: Annotated[
+        int | None, typer.Option(help="largest LoRA rank the slots hold (default: the largest at start, at least 8)")
+    ] = None,
 ) -> None:
     """Start the OpenAI-compatible server (when no subcommand is given)."""
     if ctx.invoked_subcommand is not None:
@@ -71,7 +81,12 @@ def serve(
     if base is None:
         out.print(ctx.get_help())
         raise typer.Exit(0)
+    from gpufleet.serve.tenants import check_bind, load_keys
+
+    tenants = load_keys(api_keys) if api_keys is not None else None
+    access = check_bind(host, tenants)
     _need_serve_extra()
+    err.print(access)
     if instances > 1:
         from gpufleet.serve.cluster import launch_cluster
 
@@ -89,6 +104,8 @@ def serve(
             dtype=dtype,
             device=device,
             lora_backend=lora_backend,
+            max_rank=max_rank,
+            tenants=tenants,
         )
         return
     from gpufleet.serve.async_backend import AsyncEngine
@@ -107,10 +124,20 @@ def serve(
             dtype=dtype,
             device=device,
             lora_backend=lora_backend,
+            max_rank=max_rank,
         )
     )
     err.print(f"serving {engine.name} with {len(engine.store.names())} adapter(s) on http://{host}:{port}/v1")
-    run_server(AsyncEngine(engine), host, port, model_name=engine.name)
+    run_server(
+        AsyncEngine(engine),
+        host,
+        port,
+        model_name=engine.name,
+        tenants=tenants,
+        adapters_root=adapters,
+        max_running=max_batch,
+        max_waiting=max_waiting,
+    )
 
 
 @serve_app.command("bench")

@@ -125,8 +125,15 @@ class AdapterStore:
         return max(ranks, default=8)
 
     def add(self, adapter: LoRAAdapter) -> None:
-        """Register an adapter built in memory (tests, benchmarks)."""
+        """Register an adapter built in memory (tests, benchmarks) or loaded at runtime."""
         self.loaded[adapter.name] = adapter
+
+    def remove(self, name: str) -> None:
+        """Forget ``name`` (its folder and its weights); unknown names raise UnknownAdapterError."""
+        if name not in self:
+            raise UnknownAdapterError(f"adapter {name!r} is not served here; GET /v1/models lists the adapters")
+        self.paths.pop(name, None)
+        self.loaded.pop(name, None)
 
     def __contains__(self, name: str) -> bool:
         return name in self.paths or name in self.loaded
@@ -172,6 +179,8 @@ class AdapterCache:
         self._free = list(range(slots - 1, -1, -1))
         self.loads = 0
         self.evictions = 0
+        self.hits = 0
+        self.misses = 0
 
     def resident(self) -> list[str]:
         return list(self._slot_of)
@@ -184,7 +193,9 @@ class AdapterCache:
         """The slot of ``name`` (loading it, evicting the least recently used unheld adapter if needed)."""
         if name in self._slot_of:
             self._slot_of.move_to_end(name)
+            self.hits += 1
         else:
+            self.misses += 1
             adapter = self.store.get(name)
             if adapter.rank > self.max_rank:
                 raise ServeError(
@@ -199,6 +210,16 @@ class AdapterCache:
 
     def release(self, name: str) -> None:
         self._holders[name] -= 1
+
+    def drop(self, name: str, adapter: LoRAAdapter) -> None:
+        """Take ``name`` (whose weights are ``adapter``) out of its slot, if resident; it must not be held."""
+        if self._holders.get(name, 0):
+            raise ServeError(f"adapter {name!r} is held by {self._holders[name]} running request(s)")
+        self._holders.pop(name, None)
+        slot = self._slot_of.pop(name, None)
+        if slot is not None:
+            self._clear(slot, adapter)
+            self._free.append(slot)
 
     def _evict(self) -> int:
         for name in self._slot_of:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 from gpufleet.serve.continuous_batching import Engine
@@ -34,6 +35,24 @@ class AsyncEngine:
     def state(self) -> dict[str, int]:
         with self._lock:
             return self.engine.state()
+
+    def count_tokens(self, prompt: str) -> int:
+        """Tokens of a text prompt with the engine's tokenizer (for the server's token rate limit)."""
+        return len(self.engine.tokenizer.encode(prompt))
+
+    async def load_adapter(self, name: str, folder: Path) -> None:
+        """Read a PEFT folder (in a thread: it reads files) and serve it as ``name`` from the next step on."""
+        from gpufleet.serve.adapters import load_peft_adapter
+
+        config = self.engine.model.config
+        adapter = await asyncio.to_thread(load_peft_adapter, folder, config, name)
+        with self._lock:
+            self.engine.add_adapter(adapter)
+
+    async def unload_adapter(self, name: str) -> None:
+        """Stop serving ``name`` (the server calls this once no request for it is in flight)."""
+        with self._lock:
+            self.engine.remove_adapter(name)
 
     def close(self) -> None:
         self._stop = True

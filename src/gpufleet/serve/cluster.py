@@ -61,6 +61,7 @@ class WorkerOptions:
     adapters: str | None = None
     random_adapters: int = 0
     rank: int = 16
+    max_rank: int | None = None
     max_batch: int = 32
     kv_blocks: int = 2048
     block_size: int = 16
@@ -85,6 +86,8 @@ class WorkerOptions:
         for name in ("max_batch", "kv_blocks", "block_size", "adapter_slots", "max_waiting", "rank"):
             if getattr(self, name) < 1:
                 raise ServeError(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(self, name)})")
+        if self.max_rank is not None and self.max_rank < 1:
+            raise ServeError(f"--max-rank must be at least 1 (got {self.max_rank})")
         if self.random_adapters < 0:
             raise ServeError(f"--random-adapters must be 0 or more (got {self.random_adapters})")
         if self.adapters is not None and not Path(self.adapters).is_dir():
@@ -98,7 +101,7 @@ def _add_option_flags(parser: argparse.ArgumentParser) -> None:
         if name == "base":
             parser.add_argument("--base", required=True, help="model folder or random shape (tiny-llama-random)")
             continue
-        kind = int if isinstance(value, int) or name == "threads" else str
+        kind = int if isinstance(value, int) or name in ("threads", "max_rank") else str
         parser.add_argument(f"--{name.replace('_', '-')}", type=kind, default=value)
 
 
@@ -123,6 +126,15 @@ class CountingBackend:
     def state(self) -> dict[str, Any]:
         """The engine's state plus ``served``."""
         return {**self.inner.state(), "served": self.served}
+
+    def count_tokens(self, prompt: str) -> int:
+        return self.inner.count_tokens(prompt)
+
+    async def load_adapter(self, name: str, folder: Path) -> None:
+        await self.inner.load_adapter(name, folder)
+
+    async def unload_adapter(self, name: str) -> None:
+        await self.inner.unload_adapter(name)
 
     async def generate(
         self, prompt: str | list[int], adapter: str | None, params: SamplingParams, request_id: str
@@ -157,6 +169,7 @@ def build_engine(options: WorkerOptions) -> Any:
         block_size=options.block_size,
         kv_blocks=options.kv_blocks,
         adapter_slots=options.adapter_slots,
+        max_rank=options.max_rank,
         max_waiting=options.max_waiting,
         lora_backend=options.lora_backend,
     )
@@ -207,7 +220,7 @@ def run_worker(
     engine = build_engine(options)
     backend = AsyncEngine(engine)
     try:
-        app = create_app(CountingBackend(backend), model_name=engine.name)
+        app = create_app(CountingBackend(backend), model_name=engine.name, adapters_root=options.adapters)
         uvicorn.run(app, host=host, port=port, log_level=log_level)
     finally:
         backend.close()
@@ -422,13 +435,16 @@ def launch_cluster(
     lora_backend: str = "auto",
     random_adapters: int = 0,
     rank: int = 16,
+    max_rank: int | None = None,
     threads: int | None = None,
     max_concurrent: int | None = None,
     log_level: str = "info",
     startup_timeout_s: float = 600.0,
+    tenants: Any = None,
 ) -> None:
     """Start ``instances`` engine workers and serve them behind Punica's placement on ``host:port`` until
-    Ctrl-C / SIGTERM; then stop every worker. See the module docstring for ports, devices and failures."""
+    Ctrl-C / SIGTERM; then stop every worker. See the module docstring for ports, devices and failures.
+    ``tenants`` (a ``TenantRegistry``) turns on API keys on the front end; the workers stay on 127.0.0.1."""
     import uvicorn
 
     from gpufleet.serve.server import create_app
@@ -442,6 +458,7 @@ def launch_cluster(
         adapters=None if adapters is None else str(adapters),
         random_adapters=random_adapters,
         rank=rank,
+        max_rank=max_rank,
         max_batch=max_batch,
         kv_blocks=kv_blocks,
         block_size=block_size,
@@ -460,7 +477,14 @@ def launch_cluster(
     try:
         cluster.start()
         frontend = cluster.frontend()
-        app = create_app(frontend, max_concurrent=max_concurrent)
+        app = create_app(
+            frontend,
+            max_concurrent=max_concurrent,
+            tenants=tenants,
+            adapters_root=adapters,
+            max_running=max_batch * instances,
+            max_waiting=max_waiting,
+        )
         server = uvicorn.Server(
             uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=int(GRACEFUL_S))
         )

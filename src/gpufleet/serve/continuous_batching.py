@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from gpufleet.errors import ServeError
-from gpufleet.serve.adapters import AdapterCache, AdapterStore
+from gpufleet.serve.adapters import AdapterCache, AdapterStore, LoRAAdapter
 from gpufleet.serve.kv_cache import KVCache
 from gpufleet.serve.lora_llama import LlamaLoRAForCausalLM, LoRABatch, StepBatch, decode_groups
 from gpufleet.serve.ops.lora_torch import padded_plan, segment_plan
@@ -138,11 +138,31 @@ class Engine:
             self.waiting.remove(request)
         self.requests.pop(request_id, None)
 
+    def add_adapter(self, adapter: LoRAAdapter) -> None:
+        """Serve an adapter loaded at runtime; refused if its rank exceeds the slots' rank or the name is taken."""
+        if adapter.name in self.store:
+            raise ServeError(f"adapter {adapter.name!r} is already served")
+        if adapter.rank > self.adapters.max_rank:
+            raise ServeError(
+                f"adapter {adapter.name!r} has rank {adapter.rank}, above this server's adapter slots "
+                f"(rank {self.adapters.max_rank}); restart with --max-rank {adapter.rank} or more"
+            )
+        self.store.add(adapter)
+
+    def remove_adapter(self, name: str) -> None:
+        """Stop serving ``name``: out of its slot and out of the store. Refused while a request uses it."""
+        users = [r.id for r in self.requests.values() if r.adapter == name]
+        if users:
+            raise ServeError(f"adapter {name!r} is used by {len(users)} request(s) in the engine; abort them first")
+        if name in self.adapters.resident():
+            self.adapters.drop(name, self.store.get(name))
+        self.store.remove(name)
+
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
     def state(self) -> dict[str, int]:
-        """What a placement layer needs: batch size, free KV blocks, queue length."""
+        """What a placement layer needs (batch size, free KV blocks, queue length) and adapter-slot counters."""
         return {
             "batch": len(self.running),
             "max_batch": self.config.max_batch,
@@ -150,6 +170,10 @@ class Engine:
             "free_blocks": self.kv.allocator.free,
             "total_blocks": self.kv.allocator.num_blocks,
             "block_size": self.config.block_size,
+            "adapter_hits": self.adapters.hits,
+            "adapter_misses": self.adapters.misses,
+            "adapter_loads": self.adapters.loads,
+            "adapter_evictions": self.adapters.evictions,
         }
 
     # ------------------------------------------------------------------------------------------ scheduling

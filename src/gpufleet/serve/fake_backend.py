@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
 
+from gpufleet.errors import ServeError
 from gpufleet.serve.placement import DEFAULT_BLOCK_SIZE, DEFAULT_MAX_BATCH, InstanceState, RunningRequest
 from gpufleet.serve.protocol import GenerationChunk, OverloadedError, SamplingParams, UnknownAdapterError
 
@@ -56,6 +58,7 @@ class FakeBackend:
         self.received: list[tuple[str, str | list[int], str | None, SamplingParams]] = []
         self.cancelled: list[str] = []
         self.finished: list[str] = []
+        self.loaded_from: dict[str, Path] = {}
 
     # ------------------------------------------------------------------------------------------- tokenizer
     @staticmethod
@@ -80,6 +83,20 @@ class FakeBackend:
     def adapter_names(self) -> list[str]:
         """The adapters served."""
         return list(self.adapters)
+
+    async def load_adapter(self, name: str, folder: Path) -> None:
+        """Serve ``name`` from now on (the folder is recorded in ``loaded_from``, not read)."""
+        if name in self.adapters:
+            raise ServeError(f"adapter '{name}' is already served")
+        self.adapters.append(name)
+        self.loaded_from[name] = Path(folder)
+
+    async def unload_adapter(self, name: str) -> None:
+        """Stop serving ``name``; refused while a request for it runs (the server waits for them first)."""
+        if any(r.lora_id == name for r in self.running.values()):
+            raise ServeError(f"adapter '{name}' is in use by a running request")
+        self.adapters.remove(name)
+        self.loaded_from.pop(name, None)
 
     def state(self) -> InstanceState:
         """What placement needs: capacity and what runs here."""

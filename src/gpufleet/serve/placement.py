@@ -41,6 +41,20 @@ from gpufleet.serve.protocol import (
 DEFAULT_MAX_BATCH = 32  # Punica's max_batch_size per GPU
 DEFAULT_BLOCK_SIZE = 16  # Punica's KV block (page) length in tokens
 UNLIMITED_BLOCKS = 1 << 40  # capacity of a backend that reports no state
+SUMMED_STATE = frozenset(
+    {
+        "batch",
+        "max_batch",
+        "waiting",
+        "free_blocks",
+        "total_blocks",
+        "served",
+        "adapter_hits",
+        "adapter_misses",
+        "adapter_loads",
+        "adapter_evictions",
+    }
+)
 
 
 def blocks_for(tokens: int, block_size: int) -> int:
@@ -446,6 +460,46 @@ class PlacementFrontend:
     def adapter_names(self) -> list[str]:
         """Every adapter some instance serves."""
         return sorted({name for b in self._backends.values() for name in b.adapter_names()})
+
+    def count_tokens(self, prompt: str) -> int:
+        """Tokens of a text prompt, as placement counts them."""
+        return self._count(prompt)
+
+    def state(self) -> dict[str, int]:
+        """The instances' counters summed (batch, waiting, KV blocks, adapter slots), for ``/metrics``."""
+        total: dict[str, int] = {}
+        for backend in self._backends.values():
+            report = getattr(backend, "state", None)
+            value = report() if callable(report) else None
+            if isinstance(value, InstanceState):
+                blocks = {"total_blocks": value.total_blocks, "free_blocks": value.free_blocks}
+                value = {"batch": value.batch_size, **blocks}
+            for key, number in (value or {}).items():
+                if key in SUMMED_STATE and isinstance(number, int | float):
+                    total[key] = total.get(key, 0) + int(number)
+        return total
+
+    async def load_adapter(self, name: str, folder: Any) -> None:
+        """Load ``name`` on every live instance that can load adapters; all or none (undone where it succeeded)."""
+        done: list[str] = []
+        try:
+            for iid, backend in self._backends.items():
+                load = getattr(backend, "load_adapter", None)
+                if callable(load) and not getattr(backend, "down_reason", None):
+                    await load(name, folder)
+                    done.append(iid)
+        except BaseException:
+            for iid in done:
+                await self._backends[iid].unload_adapter(name)  # type: ignore[attr-defined]
+            raise
+        if not done:
+            raise ServeError("no instance can load adapters at runtime")
+
+    async def unload_adapter(self, name: str) -> None:
+        """Unload ``name`` from every instance that serves it."""
+        for backend in self._backends.values():
+            if name in backend.adapter_names() and callable(getattr(backend, "unload_adapter", None)):
+                await backend.unload_adapter(name)  # type: ignore[attr-defined]
 
     def refresh(self, instance_id: str | None = None) -> None:
         """Read the capacity of one instance (or all) from its ``state()``, where it has one."""

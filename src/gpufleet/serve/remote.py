@@ -27,6 +27,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -147,6 +148,26 @@ class RemoteBackend:
     def mark_down(self, reason: str) -> None:
         """Take the server out of placement for good (its process died): no adapters, no capacity."""
         self.down_reason = reason
+
+    # ------------------------------------------------------------------------------------ runtime adapters
+    async def load_adapter(self, name: str, folder: Path) -> None:
+        """``POST /v1/adapters`` on the remote (which checks ``folder`` against its own adapters root)."""
+        await self._admin("POST", "/v1/adapters", {"name": name, "path": str(folder)})
+        self._adapters = sorted({*self._adapters, name})
+
+    async def unload_adapter(self, name: str) -> None:
+        """``DELETE /v1/adapters/{name}`` on the remote."""
+        await self._admin("DELETE", f"/v1/adapters/{name}", None)
+        self._adapters = [a for a in self._adapters if a != name]
+
+    async def _admin(self, method: str, path: str, body: dict[str, Any] | None) -> None:
+        if self.down_reason:
+            raise RemoteBackendError(f"{self.base_url} is down ({self.down_reason})")
+        try:
+            response = await self._async_client().request(method, path, json=body)
+        except httpx.TransportError as exc:
+            raise RemoteBackendError(f"{self.base_url}: {type(exc).__name__}: {exc}") from exc
+        await self._raise_for_status(response)
 
     # ---------------------------------------------------------------------------------------- generation
     async def generate(

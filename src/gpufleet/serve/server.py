@@ -7,22 +7,31 @@ tokens) and the OpenAI wire format. Every failure becomes OpenAI error JSON; the
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+import math
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import asdict, is_dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import anyio
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
 from gpufleet.errors import ServeError
+from gpufleet.serve.adapter_paths import AdapterPathError, check_adapter_name, resolve_adapter_path
+from gpufleet.serve.fairness import FairQueue, RateLimiter, TenantLimitError
+from gpufleet.serve.metrics import ServeMetrics
 from gpufleet.serve.openai_schema import (
     AssistantMessage,
     ChatChoice,
@@ -48,10 +57,14 @@ from gpufleet.serve.protocol import (
     SamplingParams,
     UnknownAdapterError,
 )
+from gpufleet.serve.tenants import Tenant, TenantRegistry, anonymous_tenant
 
 log = logging.getLogger(__name__)
 
 RETRY_AFTER_S = "1"
+GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
+UNAUTHENTICATED = "unauthenticated"
+NO_ADAPTER = "none"  # the adapter label of a request refused before its model was resolved
 T = TypeVar("T")
 
 
@@ -129,10 +142,18 @@ def overloaded(message: str) -> ApiError:
     return ApiError(429, message, type="rate_limit_error", code="overloaded", headers={"Retry-After": RETRY_AFTER_S})
 
 
+def tenant_limited(exc: TenantLimitError) -> ApiError:
+    """429 for one tenant over its own limit, with Retry-After in whole seconds (at least 1)."""
+    retry = str(max(1, math.ceil(exc.retry_after_s)))
+    return ApiError(429, str(exc), type="rate_limit_error", code=exc.reason, headers={"Retry-After": retry})
+
+
 def backend_error(exc: BaseException) -> ApiError:
     """Map what the backend raised to an HTTP error: 404 unknown adapter, 429 overload, 400 bad request, 500."""
     if isinstance(exc, ApiError):
         return exc
+    if isinstance(exc, TenantLimitError):
+        return tenant_limited(exc)
     if isinstance(exc, UnknownAdapterError):
         return ApiError(
             404,
@@ -161,16 +182,23 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     return "invalid request: " + "; ".join(parts), (params[0] if params else None)
 
 
-def _install_error_handlers(app: FastAPI) -> None:
-    async def on_api_error(_: Request, exc: ApiError) -> JSONResponse:
+def _install_error_handlers(app: FastAPI, record: Callable[[Request, ApiError], None]) -> None:
+    """Every error becomes OpenAI error JSON; ``record`` counts it (the metrics)."""
+
+    async def on_api_error(request: Request, exc: ApiError) -> JSONResponse:
+        record(request, exc)
         return exc.response()
 
-    async def on_validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def on_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         message, param = _validation_message(exc)
-        return ApiError(422, message, param=param, code="invalid_value").response()
+        error = ApiError(422, message, param=param, code="invalid_value")
+        record(request, error)
+        return error.response()
 
-    async def on_http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return ApiError(exc.status_code, str(exc.detail), headers=exc.headers).response()
+    async def on_http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        error = ApiError(exc.status_code, str(exc.detail), headers=exc.headers)
+        record(request, error)
+        return error.response()
 
     app.add_exception_handler(ApiError, on_api_error)
     app.add_exception_handler(RequestValidationError, on_validation)
@@ -187,8 +215,9 @@ class Generation:
         first: GenerationChunk | None,
         stops: Sequence[str],
         release: Callable[[], None],
+        on_chunk: Callable[[], None] | None = None,
     ) -> None:
-        self._chunks, self._first, self._release = chunks, first, release
+        self._chunks, self._first, self._release, self._on_chunk = chunks, first, release, on_chunk
         self._stop = StopMatcher(stops)
         self.finish_reason: str | None = None
         self.prompt_tokens = 0
@@ -243,6 +272,8 @@ class Generation:
             self._release()
 
     def _count(self, chunk: GenerationChunk) -> None:
+        if self._on_chunk is not None:
+            self._on_chunk()
         self.prompt_tokens = max(self.prompt_tokens, chunk.prompt_tokens)
         self.completion_tokens = chunk.completion_tokens or self.completion_tokens + 1
 
@@ -274,33 +305,112 @@ class CancellingStreamingResponse(StreamingResponse):
 
 # ------------------------------------------------------------------------------------------------ the app
 class OpenAIServer:
-    """Routes' state: the backend, the served names and the in-flight count."""
+    """Routes' state: the backend, the served names, the tenants and their limits, the queue and the metrics.
 
-    def __init__(self, backend: GenerationBackend, model_name: str | None, max_concurrent: int | None) -> None:
-        if max_concurrent is not None and max_concurrent < 1:
-            raise ServeError(f"max_concurrent must be at least 1 (got {max_concurrent}); leave it unset for no limit")
+    Without ``tenants`` every client is one anonymous admin tenant with no limits (the CLI then binds to
+    127.0.0.1 only). ``max_concurrent`` bounds the requests in flight (admitted, waiting or running: more get
+    429 "overloaded"); ``max_running`` bounds those passed to the backend, the others wait in the fair queue
+    (``FairQueue``), at most ``max_waiting`` of them. ``adapters_root`` is where ``POST /v1/adapters`` may load from.
+    """
+
+    def __init__(
+        self,
+        backend: GenerationBackend,
+        model_name: str | None,
+        max_concurrent: int | None,
+        *,
+        tenants: TenantRegistry | None = None,
+        adapters_root: str | Path | None = None,
+        max_running: int | None = None,
+        max_waiting: int | None = None,
+        max_label_values: int = 64,
+    ) -> None:
+        for name, value in (("max_concurrent", max_concurrent), ("max_running", max_running)):
+            if value is not None and value < 1:
+                raise ServeError(f"{name} must be at least 1 (got {value}); leave it unset for no limit")
         self.backend = backend
         self.base_names = {backend.base_model_name()} | ({model_name} if model_name else set())
         self.model_name = model_name or backend.base_model_name()
         self.max_concurrent = max_concurrent
         self.in_flight = 0
         self.created = int(time.time())
+        self.tenants = tenants
+        self.anonymous = anonymous_tenant()
+        self.adapters_root = None if adapters_root is None else Path(adapters_root)
+        self.limiter = RateLimiter()
+        self.queue = FairQueue(max_running, max_waiting, tenants.queue_share if tenants else 1.0)
+        self.metrics = ServeMetrics(self.backend_state, self.queue_sizes, max_label_values)
+        self.adapter_use: Counter[str] = Counter()  # requests in flight per adapter (waiting or running)
+        self.unloading: set[str] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
 
-    def models(self) -> ModelList:
-        """The base model, then every adapter with the base as parent."""
-        cards = [ModelCard(id=self.model_name, created=self.created)]
+    # ------------------------------------------------------------------------------------------------ auth
+    def authenticate(self, request: Request) -> Tenant:
+        """The tenant of the request's ``Authorization: Bearer`` key; 401 without one or with a wrong one."""
+        if self.tenants is None:
+            request.state.tenant = self.anonymous.name
+            return self.anonymous
+        header = request.headers.get("authorization", "")
+        scheme, _, key = header.partition(" ")
+        if not header or scheme.lower() != "bearer" or not key.strip():
+            raise ApiError(
+                401,
+                "no API key: send 'Authorization: Bearer <key>' (OpenAI clients: api_key=...)",
+                code="invalid_api_key",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        tenant = self.tenants.authenticate(key.strip())
+        if tenant is None:
+            raise ApiError(
+                401, "the API key is not valid here", code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"}
+            )
+        request.state.tenant = tenant.name
+        return tenant
+
+    def authenticate_admin(self, request: Request) -> Tenant:
+        """Like ``authenticate``, then 403 unless the tenant is an admin."""
+        tenant = self.authenticate(request)
+        if not tenant.admin:
+            raise ApiError(
+                403,
+                f"tenant '{tenant.name}' is not an admin; this endpoint needs a key with admin = true",
+                type="permission_error",
+                code="admin_only",
+            )
+        return tenant
+
+    # ---------------------------------------------------------------------------------------------- models
+    def served_adapters(self) -> list[str]:
+        """Adapters the backend serves, less those being unloaded."""
+        return sorted(set(self.backend.adapter_names()) - self.unloading)
+
+    def models(self, tenant: Tenant | None = None) -> ModelList:
+        """The base model, then every adapter with the base as parent; only what ``tenant`` may use."""
+        tenant = tenant or self.anonymous
+        cards = [ModelCard(id=self.model_name, created=self.created)] if tenant.may_use(None) else []
         cards += [
             ModelCard(id=name, created=self.created, parent=self.model_name)
-            for name in sorted(self.backend.adapter_names())
+            for name in self.served_adapters()
+            if tenant.may_use(name)
         ]
         return ModelList(data=cards)
 
-    def resolve(self, model: str) -> str | None:
-        """The adapter a model name asks for (None for the base model); 404 for a name that is neither."""
-        if model in self.base_names:
-            return None
-        if model in self.backend.adapter_names():
-            return model
+    def resolve(self, model: str, tenant: Tenant | None = None) -> str | None:
+        """The adapter a model name asks for (None for the base model); 403 outside the tenant's list, else 404
+        for a name that is neither (the permission is checked first, so a refusal reveals nothing)."""
+        tenant = tenant or self.anonymous
+        adapter = None if model in self.base_names else model
+        if not tenant.may_use(adapter):
+            what = "the base model" if adapter is None else f"the adapter '{model}'"
+            raise ApiError(
+                403,
+                f"tenant '{tenant.name}' may not use {what}; GET /v1/models lists what this key may use",
+                type="permission_error",
+                param="model",
+                code="model_not_allowed",
+            )
+        if adapter is None or adapter in self.served_adapters():
+            return adapter
         raise ApiError(
             404,
             f"The model or adapter '{model}' does not exist here. GET /v1/models lists the base "
@@ -308,6 +418,19 @@ class OpenAIServer:
             param="model",
             code="model_not_found",
         )
+
+    # ------------------------------------------------------------------------------------------ generation
+    def count_prompt(self, prompt: str | list[int]) -> int:
+        """Prompt tokens for the rate limit: the backend's count where it has one, else about 4 bytes a token."""
+        if not isinstance(prompt, str):
+            return len(prompt)
+        count = getattr(self.backend, "count_tokens", None)
+        if callable(count):
+            try:
+                return int(count(prompt))
+            except Exception:  # a counting failure must not refuse the request
+                log.debug("count_tokens failed", exc_info=True)
+        return len(prompt.encode()) // 4 + 1
 
     async def start(
         self,
@@ -317,26 +440,157 @@ class OpenAIServer:
         params: SamplingParams,
         stops: Sequence[str],
         request_id: str,
+        tenant: Tenant | None = None,
     ) -> Generation:
-        """Admit the request and wait for its first chunk (a disconnect meanwhile cancels it); backend refusals
-        (unknown adapter, overload) surface here as ApiError."""
-        adapter = self.resolve(model)
+        """Admit the request (tenant's access, rate and queue share), wait for a place in the backend and for its
+        first chunk (a disconnect meanwhile cancels it); refusals surface here as ApiError."""
+        tenant = tenant or self.anonymous
+        arrival = time.monotonic()
+        adapter = self.resolve(model, tenant)
+        request.state.adapter = adapter
         if self.max_concurrent is not None and self.in_flight >= self.max_concurrent:
             raise overloaded(f"the server is at its limit of {self.max_concurrent} requests in flight; retry shortly")
-        self.in_flight += 1
-        chunks: AsyncIterator[GenerationChunk] | None = None
+        charged = self.count_prompt(prompt) + params.max_tokens
         try:
+            self.limiter.admit(tenant, charged)
+        except TenantLimitError as exc:
+            raise tenant_limited(exc) from exc
+        self.in_flight += 1
+        self.adapter_use[adapter or ""] += 1
+        placed = False
+        chunks: AsyncIterator[GenerationChunk] | None = None
+        labels = self.metrics.labels(tenant.name, adapter)
+        try:
+            await unless_disconnected(request, lambda: self.queue.acquire(tenant))
+            placed = True
             chunks = stream = aiter(self.backend.generate(prompt, adapter, params, request_id))
             first = await unless_disconnected(request, lambda: anext(stream, None))
-        except Exception as exc:
-            self.in_flight -= 1
+        except BaseException as exc:
             if chunks is not None:
                 await _close_quietly(chunks)
-            raise backend_error(exc) from exc
-        return Generation(stream, first, stops, self._release)
+            self._finish(tenant, adapter, placed, charged, 0)
+            if isinstance(exc, Exception):
+                raise backend_error(exc) from exc
+            raise
+        last = [arrival]
 
-    def _release(self) -> None:
+        def on_chunk() -> None:
+            now = time.monotonic()
+            (self.metrics.ttft if last[0] == arrival else self.metrics.itl).labels(*labels).observe(now - last[0])
+            last[0] = now
+
+        gen: Generation
+
+        def release() -> None:
+            self._finish(tenant, adapter, True, charged, gen.prompt_tokens + gen.completion_tokens)
+            self.metrics.prompt_tokens.labels(*labels).inc(gen.prompt_tokens)
+            self.metrics.generation_tokens.labels(*labels).inc(gen.completion_tokens)
+            if gen.finish_reason is not None:
+                self.metrics.requests.labels(*labels, "200").inc()
+
+        gen = Generation(stream, first, stops, release, on_chunk)
+        return gen
+
+    def _finish(self, tenant: Tenant, adapter: str | None, placed: bool, charged: int, used: int) -> None:
+        """A request is over (or was refused after admission): free its places, settle its tokens, and unload its
+        adapter if that was waiting for it."""
         self.in_flight -= 1
+        if placed:
+            self.queue.release(tenant)
+        self.limiter.refund(tenant, charged - used)
+        key = adapter or ""
+        self.adapter_use[key] -= 1
+        if self.adapter_use[key] <= 0:
+            del self.adapter_use[key]
+            if adapter in self.unloading:
+                self._spawn(self._unload_now(adapter))
+
+    # -------------------------------------------------------------------------------------------- adapters
+    async def load_adapter(self, name: str, path: str) -> dict[str, Any]:
+        """``POST /v1/adapters``: check the name and the path, then load the folder into the backend."""
+        load = getattr(self.backend, "load_adapter", None)
+        if not callable(load):
+            raise ApiError(501, "this backend cannot load adapters at runtime", type="server_error", code="unsupported")
+        if self.adapters_root is None:
+            raise ApiError(
+                400,
+                "this server was started without --adapters, so it has no folder to load adapters from; restart it "
+                "with --adapters DIR",
+                param="path",
+                code="no_adapters_root",
+            )
+        try:
+            check_adapter_name(name)
+        except AdapterPathError as exc:
+            raise ApiError(400, str(exc), param="name", code="bad_adapter_name") from exc
+        try:
+            folder = resolve_adapter_path(self.adapters_root, path)
+        except AdapterPathError as exc:
+            raise ApiError(400, str(exc), param="path", code="bad_adapter_path") from exc
+        if name in self.base_names or name in self.backend.adapter_names() or name in self.unloading:
+            state = "is being unloaded" if name in self.unloading else "is already served"
+            raise ApiError(409, f"'{name}' {state}; DELETE it first or choose another name", code="adapter_exists")
+        try:
+            await load(name, folder)
+        except ServeError as exc:
+            raise ApiError(400, str(exc), param="path", code="bad_adapter") from exc
+        log.info("loaded adapter %s from %s", name, folder)
+        return {"name": name, "path": str(folder.relative_to(self.adapters_root.resolve())), "status": "loaded"}
+
+    async def unload_adapter(self, name: str) -> tuple[int, dict[str, Any]]:
+        """``DELETE /v1/adapters/{name}``: new requests get 404 at once; the backend unloads it once the requests
+        in flight for it have finished (200 when that is now, else 202 with their number)."""
+        if not callable(getattr(self.backend, "unload_adapter", None)):
+            raise ApiError(501, "this backend cannot unload adapters", type="server_error", code="unsupported")
+        if name not in self.backend.adapter_names() or name in self.unloading:
+            raise ApiError(404, f"no adapter '{name}' is served here (GET /v1/models)", code="model_not_found")
+        self.unloading.add(name)
+        in_flight = self.adapter_use.get(name, 0)
+        if in_flight:
+            return 202, {"name": name, "status": "unloading", "in_flight": in_flight}
+        await self._unload_now(name)
+        return 200, {"name": name, "status": "unloaded"}
+
+    async def _unload_now(self, name: str) -> None:
+        try:
+            await self.backend.unload_adapter(name)  # type: ignore[attr-defined]
+            log.info("unloaded adapter %s", name)
+        except Exception:
+            log.error("unloading adapter %s failed", name, exc_info=True)
+        finally:
+            self.unloading.discard(name)
+
+    def _spawn(self, work: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # --------------------------------------------------------------------------------------------- metrics
+    def queue_sizes(self) -> tuple[int, int]:
+        """(requests passed to the backend, requests waiting in the fair queue)."""
+        return self.queue.running, self.queue.waiting
+
+    def backend_state(self) -> Mapping[str, Any] | None:
+        """The backend's ``state()`` as a mapping (None when it has none)."""
+        report = getattr(self.backend, "state", None)
+        if not callable(report):
+            return None
+        value = report()
+        if is_dataclass(value) and not isinstance(value, type):
+            free = getattr(value, "free_blocks", None)
+            data = {k: v for k, v in asdict(value).items() if isinstance(v, int | float)}
+            return {**data, "free_blocks": free, "batch": getattr(value, "batch_size", 0)}
+        return value if isinstance(value, Mapping) else None
+
+    def record_error(self, request: Request, error: ApiError) -> None:
+        """Count a refused or failed generation request under its tenant and adapter."""
+        if request.url.path not in GENERATION_PATHS:
+            return
+        tenant = getattr(request.state, "tenant", UNAUTHENTICATED)
+        adapter = getattr(request.state, "adapter", NO_ADAPTER)
+        labels = self.metrics.labels(tenant, adapter)
+        self.metrics.requests.labels(*labels, str(error.status)).inc()
+        self.metrics.errors.labels(*labels, error.code or error.type).inc()
 
 
 async def _close_quietly(chunks: AsyncIterator[Any]) -> None:
@@ -474,10 +728,11 @@ async def _respond(
     prompt: str | list[int],
     max_tokens: int,
     request: Request,
+    tenant: Tenant,
 ) -> Any:
     """Start the generation, then stream it as SSE or answer with the whole output."""
     params = body.sampling_params(max_tokens)
-    gen = await server.start(request, body.model, prompt, params, body.stop_strings(), shape.id)
+    gen = await server.start(request, body.model, prompt, params, body.stop_strings(), shape.id, tenant)
     if body.stream:
         events = _stream_events(
             gen, shape.first(), shape.piece, shape.last, shape.usage if body.include_usage() else None
@@ -496,44 +751,88 @@ async def _respond(
     return JSONResponse(shape.whole(text, gen.finish_reason, gen.usage()).model_dump())
 
 
+class AdapterLoad(BaseModel):
+    """``POST /v1/adapters``: the name clients will use, and the PEFT folder relative to the adapters root."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=128)
+    path: str = Field(min_length=1, max_length=4096)
+
+
 def create_app(
-    backend: GenerationBackend, *, model_name: str | None = None, max_concurrent: int | None = None
+    backend: GenerationBackend,
+    *,
+    model_name: str | None = None,
+    max_concurrent: int | None = None,
+    tenants: TenantRegistry | None = None,
+    adapters_root: str | Path | None = None,
+    max_running: int | None = None,
+    max_waiting: int | None = None,
+    max_label_values: int = 64,
 ) -> FastAPI:
     """The OpenAI-compatible app over ``backend``.
 
     ``model_name`` is the name the base model is listed under (default: the backend's own, which is accepted
     too); ``max_concurrent`` bounds the requests in flight (more get 429 with Retry-After; default: no bound).
+    ``tenants`` (``--api-keys``) turns on keys, per-tenant access, limits and admin endpoints; see
+    ``OpenAIServer`` for ``adapters_root``, ``max_running`` and ``max_waiting``.
     """
-    server = OpenAIServer(backend, model_name, max_concurrent)
+    server = OpenAIServer(
+        backend,
+        model_name,
+        max_concurrent,
+        tenants=tenants,
+        adapters_root=adapters_root,
+        max_running=max_running,
+        max_waiting=max_waiting,
+        max_label_values=max_label_values,
+    )
     app = FastAPI(title="gpufleet OpenAI-compatible LoRA server", version="1")
     app.state.openai = server
-    _install_error_handlers(app)
+    _install_error_handlers(app, server.record_error)
+    as_tenant = Depends(server.authenticate)  # a default value, not Annotated: the routes' annotations are strings
+    as_admin = Depends(server.authenticate_admin)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
         return {"status": "ok", "in_flight": server.in_flight}
 
     @app.get("/v1/models")
-    async def list_models() -> dict[str, Any]:
-        return server.models().model_dump()
+    async def list_models(tenant: Tenant = as_tenant) -> dict[str, Any]:
+        return server.models(tenant).model_dump()
 
     @app.get("/v1/state")
-    async def backend_state() -> Any:
+    async def backend_state(_: Tenant = as_admin) -> Any:
         """The backend's ``state()`` (batch, KV blocks ...) for a placement front end; 404 if it reports none."""
         report = getattr(server.backend, "state", None)
         if not callable(report):
             raise ApiError(404, "this backend reports no state", code="no_state")
         return jsonable_encoder(await anyio.to_thread.run_sync(report))  # state() may wait on the engine's lock
 
+    @app.get("/metrics")
+    async def metrics(_: Tenant = as_admin) -> Response:
+        """Prometheus text format (the backend's state is read in a thread: it may wait on the engine's lock)."""
+        body = await anyio.to_thread.run_sync(server.metrics.render)
+        return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.post("/v1/adapters", status_code=201)
+    async def load_adapter(body: AdapterLoad, _: Tenant = as_admin) -> dict[str, Any]:
+        return await server.load_adapter(body.name, body.path)
+
+    @app.delete("/v1/adapters/{name}")
+    async def unload_adapter(name: str, _: Tenant = as_admin) -> JSONResponse:
+        status, payload = await server.unload_adapter(name)
+        return JSONResponse(payload, status_code=status)
+
     @app.post("/v1/completions", response_model=None)
-    async def completions(body: CompletionRequest, request: Request) -> Any:
+    async def completions(body: CompletionRequest, request: Request, tenant: Tenant = as_tenant) -> Any:
         shape = CompletionShape(f"cmpl-{uuid.uuid4().hex}", body.model)
-        return await _respond(server, shape, body, body.prompt, body.max_tokens, request)
+        return await _respond(server, shape, body, body.prompt, body.max_tokens, request, tenant)
 
     @app.post("/v1/chat/completions", response_model=None)
-    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
+    async def chat_completions(body: ChatCompletionRequest, request: Request, tenant: Tenant = as_tenant) -> Any:
         shape = ChatShape(f"chatcmpl-{uuid.uuid4().hex}", body.model)
-        return await _respond(server, shape, body, render_chat(body.messages), body.token_budget(), request)
+        return await _respond(server, shape, body, render_chat(body.messages), body.token_budget(), request, tenant)
 
     return app
 
@@ -546,12 +845,13 @@ def run_server(
     model_name: str | None = None,
     max_concurrent: int | None = None,
     log_level: str = "info",
+    **options: Any,
 ) -> None:
-    """Serve ``backend`` over HTTP with uvicorn until interrupted."""
+    """Serve ``backend`` over HTTP with uvicorn until interrupted (``options``: see ``create_app``)."""
     import uvicorn
 
     uvicorn.run(
-        create_app(backend, model_name=model_name, max_concurrent=max_concurrent),
+        create_app(backend, model_name=model_name, max_concurrent=max_concurrent, **options),
         host=host,
         port=port,
         log_level=log_level,
