@@ -22,6 +22,8 @@ FAULTS: dict[str, tuple[str, float, str]] = {
     "slow-collective": ("communication", 0.03, "seconds per step the rank delays its all-reduces, spread over buckets"),
     "sync": ("sync", 4.0, "needless host-device synchronisations (.item()) per transformer layer per forward"),
     "hang": ("hang", -1.0, "seconds the rank stays stuck before a collective (default: the collective timeout + 2)"),
+    "host-before": ("data_loading", 0.05, "seconds of un-annotated Python work per step before the forward"),
+    "host-after": ("cpu_stall", 0.05, "seconds of un-annotated Python pause per step after the optimizer step"),
 }
 
 

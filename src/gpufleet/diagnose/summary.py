@@ -11,9 +11,25 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from gpufleet.diagnose.categories import CPU_STALL, DATA_LOADING
 from gpufleet.diagnose.timeline import device_timeline, host_timeline, step_spans
 
-__all__ = ["Timelines", "build_timelines", "call_sites", "function_summary", "per_step_functions"]
+__all__ = [
+    "STEP_END",
+    "STEP_START",
+    "UNTRACED",
+    "Timelines",
+    "build_timelines",
+    "call_sites",
+    "function_summary",
+    "per_step_functions",
+    "untraced_gaps",
+]
+
+#: the function name of every untraced gap starts with this
+UNTRACED = "<untraced: "
+STEP_START = "<untraced: step start>"
+STEP_END = "<untraced: step end>"
 
 _KEYS = ["rank", "domain", "category", "function"]
 
@@ -59,16 +75,10 @@ def _calls(t: Timelines) -> pl.DataFrame:
         "wait_ns",
         "ts_ns",
     )
-    step_self = t.host.filter(pl.col("name").str.starts_with("ProfilerStep#") & pl.col("step").is_not_null()).select(
-        "rank",
-        "step",
-        pl.lit("host").alias("domain"),
-        "category",
-        pl.lit("<host outside ops>").alias("function"),
-        pl.col("self_ns").alias("time_ns"),
-        pl.lit(0, dtype=pl.Int64).alias("wait_ns"),
-        "ts_ns",
-    )
+    step_self = untraced_gaps(t).select(
+        "rank", "step", pl.lit("host").alias("domain"), "category", "function", "time_ns",
+        pl.lit(0, dtype=pl.Int64).alias("wait_ns"), "ts_ns",
+    )  # fmt: skip
     device = t.device.filter(pl.col("step").is_not_null()).select(
         "rank",
         "step",
@@ -80,6 +90,61 @@ def _calls(t: Timelines) -> pl.DataFrame:
         "ts_ns",
     )
     return pl.concat([host, step_self, device], how="vertical")
+
+
+def untraced_gaps(t: Timelines) -> pl.DataFrame:
+    """Host time on the training thread inside a step but outside its top-level ops, one row per gap.
+
+    The step annotation's self time, split by where it falls: ``<untraced: step start>`` (before the first op),
+    ``<untraced: after OP>`` (after a top-level op, before the next) and ``<untraced: step end>`` (after the last
+    op, before the step closes). Where it falls says what it likely is: before the first op, or next to the
+    DataLoader, it is input work the pipeline does not annotate (``data_loading``); anywhere else it is the host
+    away from the framework's ops (``cpu_stall``), or waiting where no event says so (DDP's reducer on gloo).
+    Columns: rank, step, category, function, time_ns, ts_ns (the gap's start).
+    """
+    main = t.spans.select("rank", "step", "pid", "tid", "start_ns", "end_ns")
+    top = (
+        t.host.filter((pl.col("depth") == 1) & pl.col("step").is_not_null())
+        .join(main, on=["rank", "step", "pid", "tid"])
+        .sort("rank", "step", "ts_ns")
+        .with_columns((pl.col("ts_ns") + pl.col("dur_ns")).alias("_end"))
+    )
+    by = ["rank", "step"]
+    prev_end = pl.col("_end").cum_max().shift(1).over(by)
+    gaps = top.select(
+        "rank",
+        "step",
+        pl.coalesce(prev_end, pl.col("start_ns")).alias("ts_ns"),
+        (pl.col("ts_ns") - pl.coalesce(prev_end, pl.col("start_ns"))).clip(lower_bound=0).alias("time_ns"),
+        pl.col("name").shift(1).over(by).alias("_prev"),
+        pl.col("category").shift(1).over(by).alias("_prev_cat"),
+        pl.col("category").alias("_next_cat"),
+    )
+    loader = (pl.col("_prev_cat") == DATA_LOADING) | (pl.col("_next_cat") == DATA_LOADING)
+    gaps = gaps.select(
+        "rank",
+        "step",
+        pl.when(pl.col("_prev").is_null() | loader.fill_null(False))
+        .then(pl.lit(DATA_LOADING))
+        .otherwise(pl.lit(CPU_STALL))
+        .alias("category"),
+        pl.when(pl.col("_prev").is_null())
+        .then(pl.lit(STEP_START))
+        .otherwise(pl.concat_str(pl.lit("<untraced: after "), pl.col("_prev"), pl.lit(">")))
+        .alias("function"),
+        "time_ns",
+        "ts_ns",
+    )
+    last = top.group_by(by).agg(pl.col("_end").max(), pl.col("end_ns").first())
+    ends = main.join(last, on=by, how="left").select(
+        "rank",
+        "step",
+        pl.lit(CPU_STALL).alias("category"),
+        pl.when(pl.col("_end").is_null()).then(pl.lit(STEP_START)).otherwise(pl.lit(STEP_END)).alias("function"),
+        (pl.col("end_ns") - pl.coalesce("_end", "start_ns")).clip(lower_bound=0).alias("time_ns"),
+        pl.coalesce("_end", "start_ns").alias("ts_ns"),
+    )
+    return pl.concat([gaps, ends.select(gaps.columns)], how="vertical_relaxed")
 
 
 def per_step_functions(t: Timelines) -> pl.DataFrame:

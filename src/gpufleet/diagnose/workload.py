@@ -43,6 +43,8 @@ from gpufleet.errors import ConfigError, DiagnoseError
 SECTIONS = ("gpufleet::forward", "gpufleet::backward", "gpufleet::allreduce", "gpufleet::optimizer")
 #: nested in every gpufleet::allreduce, once per bucket: this rank waiting for its all-reduce to finish
 COMM_WAIT = "gpufleet::comm_wait"
+#: the shapes of training job the workload can run (``--family``); ``lm`` is this module's, the others torch DDP's
+FAMILIES = ("lm", "lm-ddp", "cnn-ddp", "lm-accum")
 
 
 # ---- data ---------------------------------------------------------------------------------------------------------
@@ -257,6 +259,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m gpufleet.diagnose.workload", description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, required=True, help="folder for rank-{r}.json.gz traces and fault.json")
     ap.add_argument(
+        "--family",
+        choices=FAMILIES,
+        default="lm",
+        help="lm: explicit bucketed all-reduce with gpufleet:: sections; lm-ddp, cnn-ddp, lm-accum: torch DDP, "
+        "no sections (docs/diagnose_workload.md)",
+    )
+    ap.add_argument(
         "--fault", default="none", help=f"KIND:RANK[:MAGNITUDE] or none; KIND in {', '.join(faults.FAULTS)}"
     )
     ap.add_argument("--seed", type=int, default=0)
@@ -271,6 +280,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--vocab", type=int, default=512)
     ap.add_argument("--buckets", type=int, default=2, help="all-reduce buckets per step")
+    ap.add_argument("--bucket-mb", type=float, default=0.25, help="DDP families: the reducer's bucket_cap_mb")
+    ap.add_argument("--accum", type=int, default=2, help="lm-accum: micro-batches per step (all but the last no_sync)")
     ap.add_argument("--workers", type=int, default=0, help="DataLoader worker processes (0: load on the main thread)")
     ap.add_argument("--pause-every", type=int, default=3, help="python-pause: pause on every k-th step")
     ap.add_argument("--hang-step", type=int, default=None, help="hang: step at which the rank hangs (default: mid)")
@@ -358,6 +369,7 @@ def _ground_truth(args: argparse.Namespace, fault: Fault, world: int, pauses: li
     acts = {"python-pause": pauses, "hang": [hang]}.get(fault.kind, list(range(total)))
     return {
         **fault.to_dict(),
+        "family": args.family,
         "seed": args.seed,
         "world_size": world,
         "backend": dist.get_backend(),
@@ -428,6 +440,8 @@ def train(args: argparse.Namespace) -> int:
         it = iter(loader)
         for i in range(total):
             t0 = time.perf_counter()
+            if fault.on(rank, "host-before"):
+                faults.python_pause(fault.magnitude)  # un-annotated input work: no op runs
             with _maybe_section(mon, "data"):
                 x, y = next(it)
                 x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
@@ -445,6 +459,8 @@ def train(args: argparse.Namespace) -> int:
                 allreduce_grads(buckets, world, comm_delay)
             with _maybe_section(mon, "optimizer"), record_function("gpufleet::optimizer"):
                 opt.step()
+            if fault.on(rank, "host-after"):
+                faults.python_pause(fault.magnitude)  # after the optimizer, before the step closes: no op runs
             if mon is not None:
                 t1 = time.perf_counter()
                 mon.step()
@@ -476,7 +492,12 @@ def train(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m gpufleet.diagnose.workload``."""
-    return train(parse_args(argv))
+    args = parse_args(argv)
+    if args.family != "lm":
+        from gpufleet.diagnose.workload_ddp import train_ddp  # it builds on this module's parts
+
+        return train_ddp(args)
+    return train(args)
 
 
 # ---- launching from Python ------------------------------------------------------------------------------------------

@@ -7,6 +7,8 @@ import polars as pl
 
 from gpufleet.diagnose.findings import Finding
 from gpufleet.diagnose.localize import MAD_TO_SIGMA, Localiser, LocaliserContext, alarm, localiser
+from gpufleet.diagnose.summary import UNTRACED
+from gpufleet.diagnose.victims import Slack
 
 #: a cross-rank excess alarms only when the other ranks wait at least this share of it
 VICTIM_SHARE = 0.25
@@ -42,6 +44,22 @@ def _top_functions(sites: pl.DataFrame, ranks: list[int], rank: int, k: int = 3)
     ]
 
 
+def _own_untraced() -> pl.Expr:
+    """Rows of untraced host time: step gaps and annotations' self time."""
+    return pl.col("function").str.starts_with(UNTRACED) | (pl.col("category") == "cpu_stall")
+
+
+def _spread(top: list[dict], cost: float) -> dict[str, float | int]:
+    """How the excess spreads over functions: the top one's share, and how many it takes to explain half of it.
+
+    A throttled device or a slower CPU makes every op a little slower; no single op stands out, but their sum does
+    (rank-level aggregation).
+    """
+    if cost <= 0 or not top:
+        return {"top_function_share": 0.0}
+    return {"top_function_share": round(max(top[0]["excess_s_per_step"], 0.0) / cost, 3)}
+
+
 @localiser("cross-rank")
 class CrossRank(Localiser):
     """A rank whose steady own time in one category exceeds the other ranks' (they then wait for it).
@@ -58,7 +76,7 @@ class CrossRank(Localiser):
             return []
         ranks = sorted(ctx.spans["rank"].unique().to_list())
         steady = ctx.sites.group_by("rank", "domain", "category").agg(pl.col("time_s").sum())
-        waits = self._victims(ctx)
+        slack = Slack(ctx.steps, ctx.spans)
         floor = ctx.thresholds.noise_share * ctx.step_s
         findings = []
         for (domain, category), group in steady.group_by("domain", "category"):
@@ -74,6 +92,8 @@ class CrossRank(Localiser):
                     continue
                 rows = ctx.sites.filter((pl.col("domain") == domain) & (pl.col("category") == category))
                 top = _top_functions(rows, ranks, rank)
+                # the finding's own untraced time is its work, not its waiting
+                victims = slack.evidence(rank, exclude=(pl.col("category") == category) & _own_untraced())
                 findings.append(
                     Finding(
                         rank=rank,
@@ -86,34 +106,21 @@ class CrossRank(Localiser):
                             "this_rank_s_per_step": round(float(values[i]), 6),
                             "median_rank_s_per_step": round(others, 6),
                             "top_functions": top,
-                            "others_wait_s_per_step": waits.get(rank),
+                            "spread": _spread(top, cost),
+                            **victims,
                         },
                         localiser=self.name,
-                        alarm=alarm(score, cost, ctx) and self._delays_others(waits.get(rank), cost),
+                        alarm=alarm(score, cost, ctx) and self._delays_others(victims["others_slack_s_per_step"], cost),
                     )
                 )
         return findings
 
     @staticmethod
-    def _delays_others(others_wait: float | None, cost: float) -> bool:
+    def _delays_others(others_slack: float | None, cost: float) -> bool:
         """Whether the other ranks wait for this rank's excess: at least a quarter of it (or no wait is known).
 
-        A straggler's extra work holds the others in the next collective. An excess nobody waits for is
-        overlapped, or the rank was itself descheduled while the others waited anyway: not a straggler.
+        A straggler's extra work holds the others at the next point they synchronise, in whatever form their
+        waiting takes (:mod:`gpufleet.diagnose.victims`). An excess nobody waits for is overlapped, or the rank was
+        itself descheduled while the others waited anyway: not a straggler.
         """
-        return others_wait is None or others_wait >= VICTIM_SHARE * cost
-
-    @staticmethod
-    def _victims(ctx: LocaliserContext) -> dict[int, float]:
-        """Per rank: how much longer the *other* ranks wait (blocking collectives, syncs) than this rank does."""
-        waits = (
-            ctx.steps.filter(pl.col("domain") != "host-thread")  # gloo's thread waits in the same moments as the step's
-            .group_by("rank")
-            .agg(pl.col("wait_s").sum().alias("time_s"))
-        )
-        if waits.height < 2:
-            return {}
-        steps = ctx.spans.group_by("rank").agg(pl.len().alias("n"))
-        per = waits.join(steps, on="rank").with_columns((pl.col("time_s") / pl.col("n")).alias("w"))
-        values = dict(zip(per["rank"].to_list(), per["w"].to_list(), strict=True))
-        return {r: round(float(np.median([w for q, w in values.items() if q != r])) - w, 6) for r, w in values.items()}
+        return others_slack is None or others_slack >= VICTIM_SHARE * cost

@@ -8,6 +8,7 @@ import polars as pl
 from gpufleet.diagnose.categories import CPU_STALL
 from gpufleet.diagnose.findings import Finding
 from gpufleet.diagnose.localize import Localiser, LocaliserContext, alarm, localiser, robust_z
+from gpufleet.diagnose.summary import UNTRACED
 
 
 @localiser("cross-step")
@@ -17,8 +18,11 @@ class CrossStep(Localiser):
     order = 30
 
     def find(self, ctx: LocaliserContext) -> list[Finding]:
+        # every untraced host moment: a pause in some steps is a stall wherever it falls (a steady gap before the
+        # first op, every step, is the input pipeline's: the ``untraced`` localiser's)
+        untraced = (pl.col("category") == CPU_STALL) | pl.col("function").str.starts_with(UNTRACED)
         stall = (
-            ctx.steps.filter((pl.col("category") == CPU_STALL) & (pl.col("domain") == "host"))
+            ctx.steps.filter(untraced & (pl.col("domain") == "host"))
             .group_by("rank", "step")
             .agg(pl.col("time_s").sum())
         )
@@ -51,7 +55,7 @@ class CrossStep(Localiser):
             findings.append(
                 Finding(
                     rank=int(rank),
-                    function="<host outside ops>",
+                    function="<untraced host time>",
                     category=CPU_STALL,
                     cost_s_per_step=cost,
                     score=score,
