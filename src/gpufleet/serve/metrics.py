@@ -17,20 +17,24 @@ from prometheus_client.registry import Collector
 
 OTHER = "other"
 BASE_LABEL = "base"  # the adapter label of a request for the base model
+UNAUTHENTICATED = "unauthenticated"  # the tenant label of a request without a valid key
+NO_ADAPTER = "none"  # the adapter label of a request refused before its model was resolved
 DEFAULT_MAX_LABEL_VALUES = 64
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
 class BoundedLabel:
-    """Keeps at most ``limit`` distinct values of one label; later new values become ``"other"``."""
+    """Keeps at most ``limit`` distinct values of one label; later new values become ``"other"``. The
+    ``reserved`` values (the server's own, such as "unauthenticated") always pass and do not count."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, reserved: tuple[str, ...] = ()) -> None:
         self.limit = limit
+        self.reserved = frozenset(reserved)
         self._seen: set[str] = set()
 
     def __call__(self, value: str) -> str:
-        if value in self._seen:
+        if value in self._seen or value in self.reserved:
             return value
         if len(self._seen) < self.limit:
             self._seen.add(value)
@@ -83,8 +87,8 @@ class ServeMetrics:
         max_label_values: int = DEFAULT_MAX_LABEL_VALUES,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self.tenant_label = BoundedLabel(max_label_values)
-        self.adapter_label = BoundedLabel(max_label_values)
+        self.tenant_label = BoundedLabel(max_label_values, (UNAUTHENTICATED, OTHER))
+        self.adapter_label = BoundedLabel(max_label_values, (NO_ADAPTER, OTHER))
         labels = ("tenant", "adapter")
         self.requests = Counter(
             "gpufleet_requests", "Requests answered, by HTTP status.", (*labels, "status"), registry=self.registry

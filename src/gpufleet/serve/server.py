@@ -31,7 +31,7 @@ from starlette.types import Receive, Scope, Send
 from gpufleet.errors import ServeError
 from gpufleet.serve.adapter_paths import AdapterPathError, check_adapter_name, resolve_adapter_path
 from gpufleet.serve.fairness import FairQueue, RateLimiter, TenantLimitError
-from gpufleet.serve.metrics import ServeMetrics
+from gpufleet.serve.metrics import NO_ADAPTER, UNAUTHENTICATED, ServeMetrics
 from gpufleet.serve.openai_schema import (
     AssistantMessage,
     ChatChoice,
@@ -63,8 +63,6 @@ log = logging.getLogger(__name__)
 
 RETRY_AFTER_S = "1"
 GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
-UNAUTHENTICATED = "unauthenticated"
-NO_ADAPTER = "none"  # the adapter label of a request refused before its model was resolved
 T = TypeVar("T")
 
 
