@@ -171,9 +171,14 @@ def main() -> None:
     t_start = time.perf_counter()
     for n, run in enumerate(runs, 1):
         folder = root / f"{run.half}-{run.workload}-{run.seed}-{run.spec.replace(':', '_')}"
-        if not args.reuse:
+        done = (folder / "fault.json").exists() and len(list(folder.glob("rank-*.json.gz"))) == args.nproc
+        if not args.reuse and not done:  # a folder with every rank's trace is kept: an interrupted suite resumes
             extra = [*WORKLOADS[run.workload], *(HANG_FLAGS if run.kind == "hang" else [])]
-            run_workload(folder, fault=run.spec, nproc=args.nproc, steps=args.steps, seed=run.seed, extra=extra)
+            try:
+                run_workload(folder, fault=run.spec, nproc=args.nproc, steps=args.steps, seed=run.seed, extra=extra)
+            except Exception as e:  # a workload that fails is reported, not the end of the suite
+                print(f"| {n} | {run.half} | {run.workload} | {run.spec} | {run.seed} | run failed: {str(e)[:80]!r} |")
+                continue
         try:
             row = diagnose_run(run, folder)
         except Exception as e:  # a diagnosis that fails is a wrong answer, not the end of the suite

@@ -131,7 +131,7 @@ class _HookState:
         self.last_calls, self.calls = max(self.calls, 1), 0
 
 
-def _delayed_allreduce(state: _HookState, bucket: Any) -> Any:
+def _delayed_allreduce(state, bucket):  # DDP refuses a hook whose annotations it cannot check
     """DDP comm hook: average the bucket with one all-reduce, after this rank's delay share (0 on healthy ranks)."""
     state.calls += 1
     with record_function(HOOK):
