@@ -80,6 +80,7 @@ class SoftwareConstants(BaseModel):
     layer_overhead_us: float = Field(ge=0)
     memory_reserve_gb: float = Field(ge=0)
     ep_overlap_exposed: float = Field(default=0.25, ge=0, le=1)
+    overlap_comm_sm_share: float = Field(default=0.15, ge=0, lt=1)
 
 
 class StackConstants(BaseModel):

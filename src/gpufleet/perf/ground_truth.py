@@ -5,7 +5,11 @@ per GPU under a stated FLOP convention, MFU, or tokens/s per GPU). ``read_cases`
 can onto a ``Case`` (model, system, layout, training options, target) and lists the rows it cannot
 predict with the reason. The training-software settings of each source (fp16 or bf16, flash
 attention, sequence parallelism, optimizer sharding, overlap) are read from the source and its notes
-by the rules in ``_SOURCES``: settings of a published run, not fitted constants.
+by the rules in ``_SOURCES``: settings of a published run, not fitted constants. The table's ``stack``
+column names each row's training software stack and its ``split`` column whether the row calibrates the
+constants or is held out; both were written into the table before any fit (docs/perf.md says how).
+A row whose model column names a catalog model takes its shape from the catalog; a layout written in its
+notes (``FSDP32 TP8``, ``PP16``, ``EP64``, ``VP=4``) fills the layout columns it leaves empty.
 """
 
 from __future__ import annotations
@@ -19,9 +23,10 @@ import polars as pl
 
 from gpufleet.data import bundled_path
 from gpufleet.errors import SpecError
-from gpufleet.perf.model_spec import ModelSpec, get_model
+from gpufleet.perf.model_spec import ModelSpec, get_model, model_catalog
 from gpufleet.perf.options import TrainOptions
 from gpufleet.perf.system import System
+from gpufleet.spec import get_gpu, get_nic
 
 __all__ = ["Case", "Skipped", "default_ground_truth_path", "read_cases"]
 
@@ -49,6 +54,9 @@ class Case:
     target_kind: str  # step_time_s | tflops_model | tflops_hfu_full | mfu | tokens_per_s_per_gpu
     target: float
     group: str  # the source family, for per-group error summaries
+    stack: str | None = None  # training software stack (gpufleet.perf.stacks)
+    split: str = ""  # calibration | held-out, as written in the table ('' = by the rules of perf.validate)
+    ep: int = 1  # expert-parallel degree (MoE)
 
 
 @dataclass(frozen=True)
@@ -74,6 +82,7 @@ class _Source:
     mbs: tuple[int, ...] | None = None  # None: published in the row, else the tuning candidates
     vp: tuple[int, ...] | None = None
     recompute: tuple[str, ...] | None = None  # None: from the row's recompute column
+    gpus_per_node: int = 8
 
 
 _MEGATRON_2021 = {"precision": "fp16", "flash_attention": False, "sequence_parallel": False, "zero": 0}
@@ -130,6 +139,15 @@ _SOURCES: tuple[_Source, ...] = (
         recompute=_UNPUBLISHED_RC,
     ),
     _Source(
+        r"^NVIDIA/Megatron-LM megatron/core/transformer/moe",
+        "Megatron-Core MoE",
+        {"precision": "bf16", "flash_attention": True, "zero": 1, "tp_overlap": True, "dp_overlap": True},
+        "ib-ndr",
+        mbs=_TUNED_MBS,
+        vp=_TUNED_VP,
+        recompute=_UNPUBLISHED_RC,
+    ),
+    _Source(
         r"^NVIDIA/Megatron-LM README",
         "Megatron-Core H100",
         {"precision": "bf16", "flash_attention": True, "zero": 1, "tp_overlap": True, "dp_overlap": True},
@@ -148,6 +166,51 @@ _SOURCES: tuple[_Source, ...] = (
         mbs=(1,),
         vp=_TUNED_VP,
         recompute=("none",),
+    ),
+    # torchtitan: FSDP2 (reshard after forward unless PP is on), sequence parallelism with TP, torch.compile
+    # (fused element-wise ops) and async TP where the row says so; Grand Teton hosts, 400 Gb/s RDMA per GPU
+    _Source(
+        r"^pytorch/torchtitan",
+        "torchtitan (FSDP)",
+        {"flash_attention": True, "sequence_parallel": True, "zero": 3},
+        "roce-400g",
+        mbs=(1,),  # torchtitan's default pipeline micro-batch; FSDP-only rows publish their local batch
+    ),
+    # BLOOM: Megatron-DeepSpeed (DeepSpeed's pipeline engine, no interleaving), ZeRO-1, 4x 100 Gb/s Omni-Path
+    # per node (an InfiniBand-class fabric at 100 Gb/s)
+    _Source(
+        r"^BigScience BLOOM",
+        "BLOOM",
+        {"precision": "bf16", "flash_attention": False, "sequence_parallel": False, "zero": 1},
+        "ib-edr",
+        nics_per_node=4,
+        vp=(1,),
+    ),
+    _Source(
+        r"^Zhang et al. 2022 OPT",
+        "OPT",
+        {"precision": "fp16", "flash_attention": False, "sequence_parallel": False, "zero": 3},
+        "ib-hdr",
+        mbs=_TUNED_MBS,
+        vp=(1,),
+    ),
+    # DeepSeek-V3: HAI-LLM's DualPipe overlaps EP all-to-all and PP sends with compute; its bubble,
+    # (PP/2 - 1) stage-times, is about half of 1F1B's: two virtual stages in the model's terms
+    _Source(
+        r"^DeepSeek-V3 report",
+        "DeepSeek-V3",
+        {
+            "precision": "fp8",
+            "flash_attention": True,
+            "sequence_parallel": False,
+            "zero": 1,
+            "dp_overlap": True,
+            "pp_overlap": True,
+            "ep_overlap": True,
+        },
+        "ib-ndr",
+        mbs=(1, 2, 4),
+        vp=(2,),
     ),
     # MT-NLG ran DeepSpeed's pipeline engine, which has no interleaved schedule.
     _Source(r"^MT-NLG", "MT-NLG", {**_MEGATRON_2021, "precision": "bf16"}, "ib-hdr", mbs=_TUNED_MBS, vp=(1,)),
@@ -182,19 +245,23 @@ _SOURCES: tuple[_Source, ...] = (
 
 _GPUS = (
     (r"TPU", None),
-    (r"96GB HBM2e", None),
+    (r"96GB HBM2e", "h100-96g-hbm2e"),
     (r"A100-40GB", "a100-40g"),
     (r"A100", "a100-80g"),
+    (r"H800", "h800"),
     (r"H100", "h100"),
 )
 
-_CATALOG_NAMES = {
-    "Llama3-405B": "llama3-405b",
-    "MPT-70B": "mpt-70b",
-    "MPT-13B": "mpt-13b",
-    "MPT-7B": "mpt-7b",
-    "Llama3-70B": "llama3-70b",
-}
+#: GPU variants the catalog lacks, as (catalog base, fields that differ, source). torchtitan's Grand Teton
+#: H100s carry 96 GB of HBM2e at 2.4 TB/s (benchmark doc); their 500 W cap lowers the clock by an amount
+#: the doc does not know, so the peak stays the SXM datasheet's (as torchtitan's own MFU does).
+_GPU_VARIANTS = {"h100-96g-hbm2e": ("h100", {"memory_gb": 96.0, "memory_bw_gbps": 2400.0})}
+
+#: Model names in the table that differ from a catalog name or alias.
+_CATALOG_NAMES = {"Llama3-405B": "llama3-405b", "Llama3-70B": "llama3-70b"}
+
+#: Rows whose shape columns are given keep them; the catalog is consulted for rows that give no shape.
+_SHAPE_COLUMNS = ("layers", "hidden", "heads", "vocab")
 
 
 def default_ground_truth_path() -> Path:
@@ -216,9 +283,53 @@ def _float(value: str | None) -> float | None:
         return None
 
 
+def _catalog_name(name: str) -> str | None:
+    """The catalog model a table row names (its model column, case and suffixes like ' (MLPerf)' aside)."""
+    if name in _CATALOG_NAMES:
+        return _CATALOG_NAMES[name]
+    key = re.sub(r"\s*\(.*\)\s*$", "", name).strip().lower().replace(" ", "-")
+    catalog = model_catalog()
+    for spec in catalog.specs.values():
+        if key == spec.name or key in spec.aliases:
+            return spec.name
+    return None
+
+
+def _gpu(row: dict[str, str | None]):
+    name = next((name for pat, name in _GPUS if re.search(pat, row["gpu"] or "")), None)
+    if name is None:
+        return None
+    if name in _GPU_VARIANTS:
+        base, fields = _GPU_VARIANTS[name]
+        return get_gpu(base).model_copy(update={**fields, "name": name})
+    return get_gpu(name)
+
+
+def _layout_text(row: dict[str, str | None]) -> dict[str, int]:
+    """Degrees written in the row's notes or reported text: FSDP128, FSDP32 TP8, PP16, EP64, VP=4, CP2."""
+    text = f"{row.get('notes') or ''} {row.get('reported') or ''}"
+    found: dict[str, int] = {}
+    for key, pattern in (("dp", r"FSDP\s*(\d+)"), ("tp", r"\bTP\s*(\d+)"), ("pp", r"\bPP\s*(\d+)")):
+        match = re.search(pattern, text)
+        if match:
+            found[key] = int(match.group(1))
+    for key, pattern in (("ep", r"\bEP\s*(\d+)"), ("vp", r"\bVP\s*=?\s*(\d+)"), ("cp", r"\bCP\s*(\d+)")):
+        match = re.search(pattern, text)
+        if match:
+            found[key] = int(match.group(1))
+    if "dp" in found or "tp" in found or "pp" in found:
+        found.setdefault("tp", 1)
+        found.setdefault("pp", 1)
+    if re.search(r"interleaved", text, re.IGNORECASE):
+        found["interleaved"] = 1
+    return found
+
+
 def _model(row: dict[str, str | None]) -> ModelSpec | None:
     name = (row["model"] or "").strip()
-    catalog = _CATALOG_NAMES.get(name)
+    catalog = _catalog_name(name)
+    if catalog is not None and all(_int(row[c]) is not None for c in _SHAPE_COLUMNS) and name not in _CATALOG_NAMES:
+        catalog = None  # the row publishes its own shape (Megatron's GPT sizes): keep it as written
     base = get_model(catalog) if catalog else None
     shape = {
         "layers": _int(row["layers"]),
@@ -251,6 +362,31 @@ def _target(row: dict[str, str | None]) -> tuple[str, float] | None:
     return None
 
 
+def _recompute(text: str | None) -> tuple[str, ...]:
+    text = (text or "").strip().lower()
+    if text.startswith("full"):
+        return ("full",)
+    if text.startswith("selective"):
+        return ("selective",)
+    return ("none",)
+
+
+def _row_options(source: _Source, row: dict[str, str | None], tp: int, pp: int, stack: str | None) -> dict[str, Any]:
+    """The source's training options, with what the row itself says: fp8, torch.compile, async TP, the stack."""
+    opts = dict(source.options)
+    text = f"{row.get('precision') or ''} {row.get('reported') or ''} {row.get('notes') or ''}"
+    if "precision" not in opts:
+        opts["precision"] = "fp8" if "fp8" in text.lower() or "float8" in text.lower() else "bf16"
+    if source.group.startswith("torchtitan"):
+        opts["fused_ops"] = "compile" in text
+        opts["tp_overlap"] = "AsyncTP" in text.replace(" ", "")
+        opts["sequence_parallel"] = tp > 1
+        opts["reshard_after_forward"] = pp == 1  # torchtitan keeps weights gathered across micro-batches with PP
+    if stack:
+        opts["stack"] = stack
+    return opts
+
+
 def read_cases(path: str | Path | None = None) -> tuple[list[Case], list[Skipped]]:
     """All predictable cases of the table at ``path`` (``None``: the table shipped in the wheel), and the rest."""
     path = Path(path) if path else default_ground_truth_path()
@@ -260,12 +396,14 @@ def read_cases(path: str | Path | None = None) -> tuple[list[Case], list[Skipped
     cases: list[Case] = []
     skipped: list[Skipped] = []
     for i, row in enumerate(frame.iter_rows(named=True)):
+        row = {**{c: None for c in ("stack", "split", "ep", "notes")}, **row}
         label = f"{row['model']} on {row['n_gpus']} {(row['gpu'] or '').strip()}"
         src = row["src"] or ""
         source = next((s for s in _SOURCES if re.search(s.pattern, f"{src} {row['model']}")), None)
-        gpu = next((name for pat, name in _GPUS if re.search(pat, row["gpu"] or "")), None)
+        gpu = _gpu(row)
         model = _model(row)
-        tp, pp = _int(row["tp"]), _int(row["pp"])
+        written = _layout_text(row)
+        tp, pp = _int(row["tp"]) or written.get("tp"), _int(row["pp"]) or written.get("pp")
         n = _int(row["n_gpus"])
         if source is None:
             skipped.append(Skipped(i, label, "no published parallel layout or not a GPU run"))
@@ -276,16 +414,25 @@ def read_cases(path: str | Path | None = None) -> tuple[list[Case], list[Skipped
         if model is None or tp is None or pp is None or n is None:
             skipped.append(Skipped(i, label, "model shape or layout not published"))
             continue
-        cp = _int(row["cp"]) or 1
+        cp = _int(row["cp"]) or written.get("cp", 1)
         dp = _int(row["dp"]) or n // (tp * pp * cp)
+        ep = _int(row["ep"]) or written.get("ep", 1)
         gbs = _int(row["gbs"])
         target = _target(row)
         if gbs is None or target is None:
             skipped.append(Skipped(i, label, "batch size or measured figure not published"))
             continue
         mbs = (_int(row["mbs"]),) if _int(row["mbs"]) else (source.mbs or (1,))
-        system = System.build(gpu, source.nic, 8, source.nics_per_node, source.rack_gpus, source.oversubscription)
-        recompute = source.recompute or (("full",) if (row["recompute"] or "").startswith("full") else ("none",))
+        nic = get_nic(source.nic)
+        system = System(gpu, nic, source.gpus_per_node, source.nics_per_node, source.rack_gpus, source.oversubscription)
+        written_rc = (row["recompute"] or "").strip().lower()
+        published_rc = written_rc.startswith(("full", "selective", "none"))
+        recompute = _recompute(written_rc) if published_rc else (source.recompute or ("none",))
+        vp = source.vp or (1,)
+        if "vp" in written:
+            vp = (written["vp"],)
+        elif written.get("interleaved") and pp > 1 and _int(row["pp"]) is None:  # a layout read from the notes
+            vp = tuple(v for v in _TUNED_VP if v > 1)
         common = {
             "source": src,
             "model": model,
@@ -298,10 +445,13 @@ def read_cases(path: str | Path | None = None) -> tuple[list[Case], list[Skipped
             "gbs": gbs,
             "seq": model.seq,
             "mbs": mbs,
-            "vp": source.vp or (1,),
+            "vp": vp,
             "group": source.group,
+            "stack": (row["stack"] or "").strip() or None,
+            "split": (row["split"] or "").strip(),
+            "ep": ep,
         }
-        options = TrainOptions(**source.options)
+        options = TrainOptions(**_row_options(source, row, tp, pp, common["stack"]))
         cases.append(
             Case(
                 row=i,

@@ -117,7 +117,9 @@ def _fsdp_per_layer(
     Per layer: all-gather its weights before forward (prefetched behind the previous layer's forward),
     again before backward when ``reshard`` (torchtitan's reshard_after_forward), and reduce-scatter its
     gradients behind the next layer's backward; the first gather and the last reduce-scatter of each
-    micro-batch are never hidden. Forward is a third of a layer's time, backward the rest.
+    micro-batch are never hidden. Forward is a third of a layer's time, backward the rest. Without
+    ``reshard`` (torchtitan with PP) the weights stay gathered and the gradients accumulate unsharded
+    across the step's micro-batches: one gather and one reduce-scatter per step, not per micro-batch.
     """
     n = np.maximum(layers, 1.0)
     ag_l = ag(param_bytes / n)
@@ -126,7 +128,8 @@ def _fsdp_per_layer(
     bwd_comm = rs_l + (ag_l if reshard else 0.0)
     hidden_miss = np.maximum(ag_l - fwd, 0.0) + np.maximum(bwd_comm - bwd, 0.0)
     per_mb = n * (ag_l + bwd_comm)
-    exposed = m * (n * hidden_miss + ag_l + rs_l)
+    rounds = m if reshard else np.minimum(m, 1.0)
+    exposed = rounds * (n * hidden_miss + ag_l + rs_l)
     return per_mb, exposed
 
 
@@ -196,6 +199,8 @@ def evaluate(
     elem_bytes = ce.elementwise_bytes * (sw.fused_elementwise if opt.fused_ops else 1.0) * tok * h
     t_elem = elem_bytes / np.where(opt.sequence_parallel, tp, 1.0) / mem_rate
     t_fwd = t_gemm + t_attn + t_elem
+    if moe and opt.ep_overlap:  # the SMs that drive the overlapped all-to-alls are lost to compute
+        t_fwd = t_fwd / np.where(ep > 1, 1.0 - sw.overlap_comm_sm_share, 1.0)
     if stack_constants is not None:  # the stack reaches this share of the reference stack's compute rate
         t_fwd = t_fwd / stack_constants.compute
     t_recompute = np.select([rc == 2, rc == 1], [t_fwd, t_attn], default=0.0)

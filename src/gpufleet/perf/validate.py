@@ -37,7 +37,9 @@ _CALIBRATION_RULES: dict[str, Callable[[Case], bool]] = {
 
 
 def is_calibration(case: Case) -> bool:
-    """Whether ``case`` belongs to the calibration subset (see ``_CALIBRATION_RULES``)."""
+    """Whether ``case`` belongs to the calibration subset: the table's ``split`` column, else ``_CALIBRATION_RULES``."""
+    if case.split:
+        return case.split == "calibration"
     rule = _CALIBRATION_RULES.get(case.group)
     return rule is not None and rule(case)
 
@@ -71,6 +73,7 @@ def predict_case(case: Case, efficiency: Efficiency | None = None) -> dict[str, 
         case.seq,
         case.options,
         eff,
+        ep=case.ep,
     )
     step, mem, mfu = (np.broadcast_to(out[k], (len(cands),)) for k in ("step_time_s", "memory_gb", "mfu"))
     fits = mem <= case.system.gpu.memory_gb
@@ -100,25 +103,40 @@ def predict_case(case: Case, efficiency: Efficiency | None = None) -> dict[str, 
     }
 
 
+def _stack_used(case: Case, eff: Efficiency) -> tuple[str, str]:
+    from gpufleet.perf.stacks import resolve_stack
+
+    _, used, note = resolve_stack(case.options.stack, eff)
+    return used, note
+
+
 def validate_cases(cases: Sequence[Case], efficiency: Efficiency | None = None) -> pl.DataFrame:
     """One row per case: measured, predicted, absolute percentage error, split and chosen knobs."""
     rows = []
+    eff = efficiency or default_efficiency()
     for case in cases:
-        p = predict_case(case, efficiency)
+        p = predict_case(case, eff)
         err = abs(p["predicted"] - case.target) / case.target * 100.0
+        used, note = _stack_used(case, eff)
+        ep = f" EP{case.ep}" if case.ep > 1 else ""
         rows.append(
             {
                 "row": case.row,
                 "case": case.label,
                 "group": case.group,
+                "stack": case.options.stack or "megatron-core",
+                "stack_used": used,
+                "stack_note": note,
                 "split": "calibration" if is_calibration(case) else "held-out",
-                "layout": f"TP{case.tp} PP{case.pp} DP{case.dp} CP{case.cp} mbs{p['mbs']} v{p['vp']} {p['recompute']}",
+                "layout": f"TP{case.tp} PP{case.pp} DP{case.dp} CP{case.cp}{ep} "
+                f"mbs{p['mbs']} v{p['vp']} {p['recompute']}",
                 "metric": case.target_kind,
                 "measured": case.target,
                 "predicted": p["predicted"],
                 "error_pct": err,
                 "pred_mfu_pct": p["mfu"] * 100.0,
                 "memory_gb": p["memory_gb"],
+                "gpu_memory_gb": float(case.system.gpu.memory_gb),
                 "fits": p["fits"],
             }
         )
@@ -151,4 +169,27 @@ def error_summary(table: pl.DataFrame) -> pl.DataFrame:
         .rename({"group": "subset"})
         .sort("subset"),
     ]
+    if "stack" in table.columns:  # per stack, and per stack and split
+        parts.append(
+            table.group_by("stack")
+            .agg(
+                pl.len().alias("rows"),
+                pl.col("error_pct").mean().alias("mean_pct"),
+                pl.col("error_pct").max().alias("max_pct"),
+            )
+            .with_columns(("stack " + pl.col("stack")).alias("subset"))
+            .select("subset", "rows", "mean_pct", "max_pct")
+            .sort("subset")
+        )
+        parts.append(
+            table.group_by("stack", "split")
+            .agg(
+                pl.len().alias("rows"),
+                pl.col("error_pct").mean().alias("mean_pct"),
+                pl.col("error_pct").max().alias("max_pct"),
+            )
+            .with_columns(("stack " + pl.col("stack") + " / " + pl.col("split")).alias("subset"))
+            .select("subset", "rows", "mean_pct", "max_pct")
+            .sort("subset")
+        )
     return pl.concat([p.with_columns(pl.col("rows").cast(pl.Int64)) for p in parts])
