@@ -121,6 +121,75 @@ def _print_findings(diagnosis, findings, wide: bool = False) -> None:
     out.print(table)
 
 
+@diagnose_app.command(
+    "diff",
+    help="Compare two runs of the same job: functions and kernels added, removed, slower or faster, and which "
+    "differences explain the step-time change.",
+)
+def diff(
+    control: Annotated[Path, typer.Argument(help="Folder of the control run's per-rank traces (yesterday's).")],
+    test: Annotated[Path, typer.Argument(help="Folder of the test run's per-rank traces (today's).")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the diff as JSON.")] = False,
+    report: Annotated[Path | None, typer.Option(help="Write an HTML report here.")] = None,
+    top: Annotated[int, typer.Option(help="Show at most this many changed functions.")] = 15,
+    show_all: Annotated[bool, typer.Option("--all", help="Also list functions whose time did not change.")] = False,
+    wide: WideOpt = False,
+) -> None:
+    import polars as pl
+
+    from gpufleet.diagnose.diff import diff_runs
+
+    with err.status(f"reading {control} and {test} ...", spinner="dots"):
+        result = diff_runs(control, test)
+    ops = result.ops if show_all else result.ops.filter(pl.col("change") != "same")
+    ops = ops.sort(pl.col("delta_s_per_step").abs(), descending=True)
+    if as_json:
+        payload = result.to_dict()
+        payload["ops"] = ops.head(top).to_dicts()
+        print(json.dumps(payload, indent=2, default=str))
+    else:
+        _print_diff(result, ops.head(top), wide)
+    if report is not None:
+        from gpufleet.report.diagnose_diff_report import write_diff_report
+
+        path = write_diff_report(result, report, control=str(control), test=str(test))
+        err.print(f"report written to {path}")
+
+
+def _print_diff(result, ops, wide: bool) -> None:
+    change = result.step_change_s
+    share = change / result.control_step_s if result.control_step_s else 0.0
+    out.print(
+        f"mean step {result.control_step_s * 1e3:.2f} ms -> {result.test_step_s * 1e3:.2f} ms "
+        f"({change * 1e3:+.2f} ms, {share:+.1%})"
+    )
+    for note in result.notes:
+        out.print(f"[yellow]note:[/] {note}")
+    explained = result.explain.filter(explain_col := result.explain["explains"])
+    if explain_col.any():
+        t = Table(title="Explained by (self time on the training thread, per step)")
+        for col in ("function", "category", "change ms", "share"):
+            t.add_column(col, justify="left" if col in ("function", "category") else "right", overflow="fold",
+                         max_width=None if wide or col != "function" else _FUNCTION_WIDTH)  # fmt: skip
+        for r in explained.iter_rows(named=True):
+            t.add_row(r["function"], r["category"], f"{r['delta_s_per_step'] * 1e3:+.2f}",
+                      f"{r['share_of_step_change']:.0%}")  # fmt: skip
+        out.print(t)
+    if ops.is_empty():
+        out.print("[green]No function or kernel changed its time per step.[/] (--all lists them all)")
+        return
+    t = Table(title="Functions and kernels that changed, per step (HTA TraceDiff's counts)")
+    for col in ("function", "change", "calls", "control ms", "test ms", "change ms"):
+        t.add_column(col, justify="left" if col in ("function", "change") else "right", overflow="fold",
+                     max_width=None if wide or col != "function" else _FUNCTION_WIDTH)  # fmt: skip
+    for r in ops.iter_rows(named=True):
+        calls = f"{r['control_calls_per_step']:.4g}->{r['test_calls_per_step']:.4g}"
+        t.add_row(("[kernel] " if r["device"] else "") + r["function"], r["change"], calls,
+                  f"{r['control_s_per_step'] * 1e3:.3f}", f"{r['test_s_per_step'] * 1e3:.3f}",
+                  f"{r['delta_s_per_step'] * 1e3:+.3f}")  # fmt: skip
+    out.print(t)
+
+
 @diagnose_app.command("functions", help="Per-(rank, function) behaviour summary of a folder of traces.")
 def functions(
     traces: Annotated[Path, typer.Argument(help="Folder of per-rank traces (or one trace file).")],

@@ -24,6 +24,8 @@ from gpufleet.errors import DiagnoseError
 
 __all__ = ["TraceDiff", "diff_runs", "op_totals"]
 
+#: the explanation's one row for every blocking wait on the training thread
+WAITING = "<waiting for other ranks or the device>"
 #: a function whose time per step moved by less than this share of its control time (and 1 µs) is unchanged
 SAME_SHARE = 0.02
 #: the explaining differences: the largest self-time deltas that together reach this share of the step change
@@ -123,6 +125,7 @@ def _per_step_ops(traces: TraceSet) -> tuple[pl.DataFrame, int]:
     n = max(spans.height, 1)
     ops = (
         op_totals(traces.events, spans)
+        .with_columns(pl.col("function").str.replace(r"^ProfilerStep#\d+$", "ProfilerStep#*"))  # one row: the step
         .group_by("device", "function")
         .agg((pl.col("calls").sum() / n).alias("calls"), (pl.col("total_ns").sum() / 1e9 / n).alias("s"))
     )
@@ -134,8 +137,10 @@ def _self_times(traces: TraceSet) -> tuple[pl.DataFrame, float]:
     timelines = build_timelines(traces.events)
     steps = per_step_functions(timelines).filter(pl.col("domain") == "host")
     n = max(timelines.spans.height, 1)
-    selfs = steps.group_by("category", "function").agg(((pl.col("time_s") + pl.col("wait_s")).sum() / n).alias("s"))
-    return selfs, float(timelines.spans["dur_ns"].mean() or 0.0) / 1e9
+    own = steps.group_by("category", "function").agg((pl.col("time_s").sum() / n).alias("s"))
+    # waiting (blocking collectives, syncs) is the effect of another rank's or the device's time, not a cause: one row
+    waiting = pl.DataFrame({"category": ["wait"], "function": [WAITING], "s": [float(steps["wait_s"].sum()) / n]})
+    return pl.concat([own, waiting]), float(timelines.spans["dur_ns"].mean() or 0.0) / 1e9
 
 
 def _change(control: pl.Expr, test: pl.Expr, c_calls: pl.Expr, t_calls: pl.Expr) -> pl.Expr:

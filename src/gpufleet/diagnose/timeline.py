@@ -79,9 +79,10 @@ def _attach_steps(frame: pl.DataFrame, spans: pl.DataFrame) -> pl.DataFrame:
 
 
 def _nest(ts: np.ndarray, end: np.ndarray, own: list[str | None], is_annotation: np.ndarray, thread: np.ndarray):
-    """Self time, depth and scoped category of events sorted by (thread, ts, -dur): one stack walk."""
+    """Self time, depth, scoped category and first child's start (-1: none) of events sorted by (thread, ts, -dur)."""
     n = len(ts)
     child_ns = np.zeros(n, dtype=np.int64)
+    first_child = np.full(n, -1, dtype=np.int64)
     depth = np.zeros(n, dtype=np.int32)
     category: list[str] = [COMPUTE] * n
     stack: list[int] = []
@@ -99,6 +100,8 @@ def _nest(ts: np.ndarray, end: np.ndarray, own: list[str | None], is_annotation:
         parent = stack[-1] if stack else -1
         mine = own[i]
         if parent >= 0:
+            if first_child[parent] < 0:
+                first_child[parent] = start
             child_ns[parent] += min(end_l[i], end_l[parent]) - start
             depth[i] = depth[parent] + 1
             scope = category[parent]
@@ -111,7 +114,7 @@ def _nest(ts: np.ndarray, end: np.ndarray, own: list[str | None], is_annotation:
         else:
             category[i] = mine or (CPU_STALL if ann_l[i] else COMPUTE)
         stack.append(i)
-    return child_ns, depth, category
+    return child_ns, depth, category, first_child
 
 
 def host_timeline(events: pl.DataFrame, spans: pl.DataFrame | None = None) -> pl.DataFrame:
@@ -134,13 +137,14 @@ def host_timeline(events: pl.DataFrame, spans: pl.DataFrame | None = None) -> pl
     ts = host["ts_ns"].to_numpy()
     end = ts + host["dur_ns"].fill_null(0).to_numpy()
     is_ann = host["cat"].is_in(list(ANNOTATION_CATS)).to_numpy()
-    child_ns, depth, category = _nest(ts, end, host["own"].to_list(), is_ann, thread)
+    child_ns, depth, category, first_child = _nest(ts, end, host["own"].to_list(), is_ann, thread)
     host = host.with_columns(
         pl.Series("depth", depth),
+        pl.Series("_first_child", first_child),
         pl.Series("category", category, dtype=pl.Utf8),
         (pl.col("dur_ns") - pl.Series("child_ns", child_ns)).clip(lower_bound=0).alias("self_ns"),
     )
-    host = _wait_time(host, spans).drop("own")
+    host = _wait_time(host, spans).drop("own", "_first_child")
     return _attach_steps(host, spans)
 
 
@@ -166,9 +170,10 @@ def _wait_time(host: pl.DataFrame, spans: pl.DataFrame) -> pl.DataFrame:
 
     Collective implementations (``gloo:all_reduce`` on gloo's worker thread) and synchronisations wait
     for all their self time. A communication-scope event on the training thread waits for the part of
-    its span covered by a collective in flight on the same rank (the untraced ``work.wait()``), and all of
-    it when it holds no op and a collective ends inside it (a blocking wait, woken up after the end); the
-    rest of its self time (packing buckets, a delay before the call) is the rank's own work.
+    its span, from its first op on, covered by a collective in flight on the same rank (the untraced
+    ``work.wait()``), and all of it when it holds no op and a collective ends inside it (a blocking wait,
+    woken up after the end); the rest of its self time (packing buckets, a delay before its first op, a
+    comm hook's own work) is the rank's own work.
     """
     own_wait = (pl.col("name").str.contains(COLLECTIVE_IMPL) | (pl.col("own") == SYNC)).fill_null(False)
     host = host.with_columns(pl.when(own_wait).then(pl.col("self_ns")).otherwise(0).alias("wait_ns"))
@@ -184,7 +189,10 @@ def _wait_time(host: pl.DataFrame, spans: pl.DataFrame) -> pl.DataFrame:
         c_end = (c["ts_ns"] + c["dur_ns"]).to_numpy()
         f = _covered(c["ts_ns"].to_numpy(), c_end)
         start, dur = cand["ts_ns"].to_numpy(), cand["dur_ns"].to_numpy()
-        overlap = f(start + dur) - f(start)
+        # a rank waits on a collective only once it has launched it: time before the event's first op (a delay, a
+        # slow comm hook's own work) is its own, even while an earlier collective is still in flight
+        first = cand["_first_child"].to_numpy()
+        overlap = f(start + dur) - f(np.where(first >= 0, first, start))
         # a blocking wait (no op inside it) in which a collective ends waited all along: after the collective
         # ended, the thread was only being woken up (on a busy CPU, milliseconds), which is no work of its own
         ends = np.sort(c_end)
