@@ -50,3 +50,23 @@ def test_bad_input_is_one_line_exit_2(tmp_path):
     assert "rank-0.json: trace JSON ends early at offset" in r.stderr and "Traceback" not in r.stderr
     r = gpufleet("diagnose", str(tmp_path / "nope"))
     assert r.returncode == 2 and "no such file or folder" in r.stderr
+
+
+def test_diff_table_json_report_and_errors(tmp_path):
+    control = write_job(tmp_path / "control", JobShape(noise=0.0))
+    test = write_job(tmp_path / "test", JobShape(noise=0.0, faults=[Fault("compute", r, 0.01) for r in range(4)]))
+    r = gpufleet("diagnose", "diff", str(control), str(test), "--top", "5")
+    assert r.returncode == 0, r.stderr
+    assert "Explained by" in r.stdout and "aten::mm" in r.stdout and "slower" in r.stdout
+    report = tmp_path / "diff.html"
+    r = gpufleet("diagnose", "diff", str(control), str(test), "--json", "--report", str(report))
+    assert r.returncode == 0, r.stderr
+    payload = json.loads(r.stdout)
+    assert payload["step_change_s"] > 0.009 and payload["explained_by"][0]["function"] == "aten::mm"
+    assert {"function", "change", "control_calls_per_step", "test_s_per_step", "delta_s_per_step"} <= set(
+        payload["ops"][0]
+    )
+    page = report.read_text()
+    assert "What explains the step-time change" in page and "aten::mm" in page
+    r = gpufleet("diagnose", "diff", str(control), str(tmp_path / "nope"))
+    assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1

@@ -19,7 +19,7 @@ import numpy as np
 class Fault:
     """An injected problem: extra seconds of one kind on one rank (every ``every``-th step)."""
 
-    kind: str  # compute | data | pause | comm | sync | hang
+    kind: str  # compute | data | pause (step start) | after (step end) | comm | sync | hang
     rank: int
     seconds: float = 0.02
     every: int = 1
@@ -40,6 +40,12 @@ class JobShape:
     noise: float = 0.03  # lognormal sigma of every duration
     seed: int = 0
     faults: list[Fault] = field(default_factory=list)
+    # False: the all-reduce shows no event on the training thread, so the others' wait is an untraced gap (DDP's
+    # reducer on gloo); the collective still runs on gloo's thread
+    traced_wait: bool = True
+    # True: every matmul of the forward is its own function (aten::op0, aten::op1, ...), so a slow device's extra
+    # time spreads over many small functions
+    distinct_ops: bool = False
 
 
 def _x(name: str, cat: str, ts: float, dur: float, tid: int, pid: int = 100, **args) -> dict:
@@ -69,9 +75,9 @@ def build_job(shape: JobShape) -> list[dict]:
             ev.append(_x("aten::stack", "cpu_op", t + d * 0.1, d * 0.3, 1))
             t += d + shape.python_gap
             fwd0 = t
-            for _ in range(shape.matmuls):
+            for k in range(shape.matmuls):
                 m = jitter(shape.matmul) * (1 + extra.get("compute", 0.0) / (shape.matmul * shape.matmuls))
-                ev.append(_x("aten::mm", "cpu_op", t, m, 1))
+                ev.append(_x(f"aten::op{k}" if shape.distinct_ops else "aten::mm", "cpu_op", t, m, 1))
                 t += m + 0.0001
                 if "sync" in extra:
                     for _ in range(3):
@@ -104,8 +110,11 @@ def build_job(shape: JobShape) -> list[dict]:
             ev.append(_x("c10d::allreduce_", "cpu_op", arrive[r] + 0.00002, 0.00008, 1))
             end = done if not stop else arrive[r] + 600.0
             ev.append(_x("gloo:all_reduce", "user_annotation", arrive[r] + 0.0001, end - arrive[r] - 0.0001, 2))
-            ev.append(_x("gpufleet::allreduce", "user_annotation", sec0 + 0.00001, end - sec0 + 0.0001, 1))
-            clock[r] = end + 0.0002
+            if shape.traced_wait:
+                ev.append(_x("gpufleet::allreduce", "user_annotation", sec0 + 0.00001, end - sec0 + 0.0001, 1))
+            after = {f.kind: f.seconds for f in shape.faults if f.rank == r and step % f.every == 0}.get("after", 0.0)
+            ev.append(_x("aten::_foreach_add_", "cpu_op", end + 0.0002, 0.0005, 1))  # the optimizer
+            clock[r] = end + 0.0008 + after
             ev.append(_x(f"ProfilerStep#{step}", "user_annotation", starts[r], clock[r] - starts[r], 1))
         if stop:
             break

@@ -254,6 +254,17 @@ def _diagnose_kineto_report(folder: Path) -> Path:
     return _diagnose_report(folder, traces)
 
 
+def _diagnose_diff_report(folder: Path) -> Path:
+    """``diagnose diff`` of two synthetic runs, one of them with a slower rank and a needless sync."""
+    from gpufleet.diagnose.diff import diff_runs
+    from gpufleet.report.diagnose_diff_report import write_diff_report
+
+    tb = _trace_builder()
+    control = tb.write_job(folder / "control", tb.JobShape())
+    test = tb.write_job(folder / "test", tb.JobShape(faults=[tb.Fault("compute", 1, 0.02), tb.Fault("sync", 2, 0.004)]))
+    return write_diff_report(diff_runs(control, test), folder / "diagnose-diff.html")
+
+
 def _health_report(folder: Path) -> Path:
     from gpufleet.health.evaluate import EvalConfig, evaluate
     from gpufleet.health.features import FeatureConfig
@@ -305,6 +316,7 @@ REPORTS: dict[str, Callable[[Path], Path]] = {
     "simulate": _simulation_report,
     "diagnose-synthetic": _diagnose_synthetic_report,
     "diagnose-kineto": _diagnose_kineto_report,
+    "diagnose-diff": _diagnose_diff_report,
     "health": _health_report,
     "contention": _contention_report,
     "inference": _inference_report,

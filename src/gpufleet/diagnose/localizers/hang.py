@@ -59,8 +59,12 @@ class HangLocaliser(Localiser):
         if behind.is_empty() or behind.height * 2 > all_ranks.height:
             return []  # no rank behind, or most ranks behind: not one rank blocking a collective
         ahead = calls.join(all_ranks.filter(pl.col("n") == most).select("rank"), on="rank")
-        stuck = ahead.filter(pl.col("seq") == most - 1)
-        usual = float(ahead.filter(pl.col("seq") < most - 1)["dur_ns"].median() or 0.0)
+        # the collectives the ranks behind never entered: the first of them holds the others until the timeout
+        # (DDP enqueues a step's buckets at once; the later ones may fail fast once the first has timed out)
+        entered = int(behind["n"].min())
+        missed = ahead.filter(pl.col("seq") >= entered)
+        stuck = missed.sort("dur_ns", descending=True).group_by("rank", maintain_order=True).first()
+        usual = float(ahead.filter(pl.col("seq") < entered)["dur_ns"].median() or 0.0)
         stuck_s = float(np.median(stuck["dur_ns"].to_numpy())) / 1e9
         if stuck_s * 1e9 < 10 * max(usual, 1.0) and stuck_s < ctx.step_s:
             return []  # the last collective ended normally: a trace cut short, not a hang
