@@ -266,3 +266,38 @@ def test_metrics_of_the_cpu_engine_count_adapter_slots():
     assert samples[("gpufleet_adapter_evictions_total", ())] == 2
     assert samples[("gpufleet_kv_blocks_total", ())] == engine.config.kv_blocks
     assert samples[("gpufleet_kv_blocks_used", ())] == 0
+
+
+def test_many_concurrent_streams_get_only_429_as_errors_and_leave_nothing_behind():
+    """A small version of bench/serve_load.py: 100 streams at once, tenant a limited; the server ends empty."""
+    backend = FakeBackend(delay=0.001)
+    app = create_app(backend, tenants=registry(a={"requests_per_s": 10.0}), max_running=16, max_waiting=1024)
+
+    async def run(url: str) -> tuple[dict[str, int], int]:
+        clients = [openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=k, max_retries=0) for k in (KEY_A, KEY_B)]
+        outcomes: dict[str, int] = {}
+        received = [0]
+
+        async def one(i: int) -> None:
+            try:
+                stream = await clients[i % 2].completions.create(
+                    model="alpha", prompt=f"p{i}", max_tokens=4, stream=True, stream_options={"include_usage": True}
+                )
+                async for chunk in stream:
+                    if chunk.usage is not None:
+                        received[0] += chunk.usage.completion_tokens
+                outcomes["ok"] = outcomes.get("ok", 0) + 1
+            except openai.APIStatusError as exc:
+                outcomes[str(exc.status_code)] = outcomes.get(str(exc.status_code), 0) + 1
+
+        await asyncio.gather(*(one(i) for i in range(100)))
+        return outcomes, received[0]
+
+    with serving(app) as url:
+        outcomes, received = asyncio.run(run(url))
+        samples = scrape(url)
+    server = app.state.openai
+    assert set(outcomes) == {"ok", "429"} and outcomes["ok"] >= 50  # b's 50 all pass; a's beyond its burst get 429
+    assert received == 4 * outcomes["ok"] == total(samples, "gpufleet_generation_tokens_total")
+    assert server.in_flight == 0 and server.queue.running == 0 and server.queue.waiting == 0
+    assert not server.adapter_use and backend.running == {}
