@@ -362,6 +362,27 @@ def test_validate_json(tmp_path, monkeypatch):
     assert out.read_text().count("\n") == len(d["rows"]) + 1
 
 
+def test_validate_per_stack_with_the_planner_beside_each_run():
+    d = invoke("perf", "validate", "--stack", "fsdp", "--json")
+    assert {r["stack"] for r in d["rows"]} == {"fsdp"}
+    assert {r["row"] for r in d["planner"]} == {r["row"] for r in d["rows"]}
+    assert all("memory_gb" in r and r["gpu_memory_gb"] > 0 for r in d["rows"])
+    assert any(s["subset"] == "stack fsdp / held-out" for s in d["summary"])
+    res = runner.invoke(cli.app, ["perf", "validate", "--stack", "hai-llm", "--no-planner"])
+    assert res.exit_code == 0, res.output
+    assert "no fitted constants" in res.stdout and "planner's best" not in res.stdout
+
+
+def test_step_and_plan_take_a_stack_and_expert_parallelism():
+    fsdp = invoke("perf", "step", *GPT3, "--gpus", "256", "--tp", "8", "--gbs", "512", "--stack", "fsdp", "--json")
+    assert fsdp["options"]["zero"] == 3 and fsdp["options"]["stack"] == "fsdp"
+    v3 = ["--model", "deepseek-v3", "--gpu", "h800", "--nic", "ib-ndr", "--precision", "fp8", "--gbs", "15360"]
+    d = invoke("perf", "step", *v3, "--gpus", "2048", "--pp", "16", "--vp", "2", "--ep", "64", "--json")
+    assert d["layout"]["ep"] == 64 and d["breakdown"]["ep_comm"] > 0
+    plan = invoke("plan", *v3, "--gpus", "2048", "--max-ep", "8", "--top", "5", "--json")
+    assert {row["ep"] for row in plan["layouts"]} <= {1, 2, 4, 8}
+
+
 def test_validate_table_output():
     res = runner.invoke(cli.app, ["perf", "validate"])
     assert res.exit_code == 0, res.output

@@ -140,6 +140,14 @@ EfficiencyOpt = Annotated[
     Path | None,
     typer.Option(help="Efficiency constants TOML (e.g. from `gpufleet perf calibrate`); default: the shipped file."),
 ]
+StackOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="Training software stack (megatron-core, megatron-2021, deepspeed-megatron, megascale, nemo, fsdp, "
+        "torchtitan, llama3, hai-llm, holmes): its fitted constants and usual settings (fsdp: ZeRO-3, no SP).",
+        rich_help_panel="Training software",
+    ),
+]
 TableOpt = Annotated[
     Path | None, typer.Option(help="Published-measurement CSV [default: the table shipped with gpufleet].")
 ]
@@ -170,6 +178,9 @@ def perf_step(
         typer.Option(help="Data-parallel degree [default: gpus / (tp x pp x cp)].", rich_help_panel="Layout"),
     ] = None,
     cp: Annotated[int, typer.Option(help="Context-parallel degree.", rich_help_panel="Layout")] = 1,
+    ep: Annotated[
+        int, typer.Option(help="Expert-parallel degree (MoE models), carved out of DP x CP.", rich_help_panel="Layout")
+    ] = 1,
     mbs: Annotated[int, typer.Option(help="Micro-batch size in sequences.", rich_help_panel="Layout")] = 1,
     vp: Annotated[int, typer.Option(help="Virtual stages per rank (interleaved 1F1B).", rich_help_panel="Layout")] = 1,
     recompute: Annotated[
@@ -185,6 +196,7 @@ def perf_step(
     tp_overlap: TpOverlapOpt = False,
     dp_overlap: DpOverlapOpt = False,
     causal_flops: CausalOpt = False,
+    stack: StackOpt = None,
     efficiency: EfficiencyOpt = None,
     compare_megascale: Annotated[
         bool,
@@ -241,8 +253,9 @@ def perf_step(
         dp_overlap=dp_overlap,
         causal_flops=causal_flops,
         efficiency=efficiency,
+        stack=stack,
     )
-    layout = LayoutRequest(tp=tp, pp=pp, dp=dp, cp=cp, mbs=mbs, vp=vp, recompute=recompute.value)
+    layout = LayoutRequest(tp=tp, pp=pp, dp=dp, cp=cp, mbs=mbs, vp=vp, recompute=recompute.value, ep=ep)
     if compare_megascale:
         base = estimate(req, gpus, layout, megascale=False)
         print_comparison(out, base, estimate(req, gpus, layout, megascale=True), as_json)
@@ -291,6 +304,7 @@ def plan(
     tp_overlap: TpOverlapOpt = False,
     dp_overlap: DpOverlapOpt = False,
     causal_flops: CausalOpt = False,
+    stack: StackOpt = None,
     efficiency: EfficiencyOpt = None,
     top: Annotated[int, typer.Option(help="How many of the fastest layouts to show.")] = 10,
     recompute: Annotated[
@@ -300,6 +314,9 @@ def plan(
     max_tp: Annotated[int | None, typer.Option(help="Largest TP degree [default: GPUs per node].")] = None,
     max_cp: Annotated[
         int | None, typer.Option(help="Largest context-parallel degree [default: 32 for seq >= 8192, else 1].")
+    ] = None,
+    max_ep: Annotated[
+        int | None, typer.Option(help="Largest expert-parallel degree for MoE models [default: the experts].")
     ] = None,
     as_json: JsonOpt = False,
     wide: WideOpt = False,
@@ -350,9 +367,10 @@ def plan(
         dp_overlap=dp_overlap,
         causal_flops=causal_flops,
         efficiency=efficiency,
+        stack=stack,
     )
     modes = tuple(r.value for r in recompute) if recompute else None
-    outcome = plan_layouts(req, gpus, top=top, recompute=modes, max_tp=max_tp, max_cp=max_cp)
+    outcome = plan_layouts(req, gpus, top=top, recompute=modes, max_tp=max_tp, max_cp=max_cp, max_ep=max_ep)
     print_plan(out, outcome, top, as_json=as_json, wide=wide)
 
 
@@ -360,6 +378,16 @@ def plan(
 def perf_validate(
     table: TableOpt = None,
     efficiency: EfficiencyOpt = None,
+    stack: Annotated[
+        str | None, typer.Option(help="Only the rows of this training stack (see the table's stack column).")
+    ] = None,
+    planner: Annotated[
+        bool,
+        typer.Option(
+            "--planner/--no-planner",
+            help="Also plan every published run and print the planner's best layout beside the published one.",
+        ),
+    ] = True,
     as_json: JsonOpt = False,
     csv: Annotated[Path | None, typer.Option(help="Also write the per-row results to this CSV file.")] = None,
     wide: WideOpt = False,
@@ -374,6 +402,8 @@ def perf_validate(
 
     `gpufleet perf validate --json | jq '.summary'`
 
+    `gpufleet perf validate --stack fsdp --no-planner`
+
     Rows in the calibration split set the efficiency constants (`gpufleet perf calibrate`); the held-out
     rows never do, so their error is the honest one. Rows the model cannot predict are listed with the
     reason. The exit status is 0 whatever the errors: this is a report, not a test.
@@ -381,7 +411,7 @@ def perf_validate(
     from gpufleet.cli.perf_tables import print_validation
     from gpufleet.perf.reference_runs import validate_table
 
-    run = validate_table(table, efficiency)
+    run = validate_table(table, efficiency, stack=stack, planner=planner)
     if csv is not None:
         csv.parent.mkdir(parents=True, exist_ok=True)
         run.table.write_csv(csv)

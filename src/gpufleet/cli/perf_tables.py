@@ -41,7 +41,7 @@ BREAKDOWN_LABELS = {
     "overhead": "fixed per-step overhead",
 }
 #: Columns of the validate table shown without ``--wide``.
-VALIDATE_COLUMNS = ("row", "case", "layout (as predicted)", "measured", "predicted", "error", "fits")
+VALIDATE_COLUMNS = ("row", "case", "stack", "layout (as predicted)", "measured", "predicted", "error", "GB / GPU")
 _SHORT = {
     "compute": "compute",
     "tp_comm": "TP comm",
@@ -350,16 +350,28 @@ def print_validation(
                 "rows": table.to_dicts(),
                 "summary": summary.to_dicts(),
                 "skipped": [{"row": s.row, "case": s.label, "reason": s.reason} for s in skipped],
+                "planner": run.planner.to_dicts() if run.planner is not None else None,
             }
         )
         return
     rows = Table(title=f"predicted vs published: {path.name}", header_style="bold")
-    cols = ("row", "case", "group", "split", "layout (as predicted)", "measured", "predicted", "error", "fits")
+    cols = (
+        "row",
+        "case",
+        "group",
+        "stack",
+        "split",
+        "layout (as predicted)",
+        "measured",
+        "predicted",
+        "error",
+        "GB / GPU",
+    )
     shown = cols if wide else VALIDATE_COLUMNS
     for col in shown:
         rows.add_column(
             col,
-            justify="right" if col in ("row", "measured", "predicted", "error") else "left",
+            justify="right" if col in ("row", "measured", "predicted", "error", "GB / GPU") else "left",
             no_wrap=col not in ("case", "group"),
         )
     if not wide:
@@ -374,12 +386,13 @@ def print_validation(
                     str(r["row"]),
                     r["case"],
                     r["group"],
+                    r["stack"],
                     r["split"],
                     r["layout"],
                     _fmt_metric(r["metric"], r["measured"]),
                     _fmt_metric(r["metric"], r["predicted"]),
                     f"[{style}]{err_pct:.1f} %[/]" if style else f"{err_pct:.1f} %",
-                    "yes" if r["fits"] else "[yellow]no[/]",
+                    _memory_cell(r["memory_gb"], r["gpu_memory_gb"]),
                 ),
                 strict=True,
             )
@@ -389,9 +402,13 @@ def print_validation(
     out.print(_summary_table(summary, "absolute percentage error"))
     if not table["fits"].all():
         out.print(
-            "[yellow]note:[/] rows with fits = no are predicted for a layout the model thinks does not "
-            "fit in GPU memory (the memory model overestimates those runs)"
+            "[yellow]note:[/] rows whose predicted memory (GB / GPU, yellow) exceeds the GPU are predicted for a "
+            "layout the model thinks does not fit (the memory model overestimates those runs)"
         )
+    for note in sorted({n for n in table["stack_note"].to_list() if n}):
+        out.print(f"[yellow]note:[/] {note}", highlight=False)
+    if run.planner is not None:
+        out.print(_planner_table(run.planner))
     if skipped:
         out.print(f"skipped {len(skipped)} rows the model does not predict:")
         for s in skipped:
@@ -401,6 +418,36 @@ def print_validation(
         + (f" with the constants of {efficiency}" if efficiency else "")
         + (f"; per-row results written to {csv}" if csv is not None else "")
     )
+
+
+def _memory_cell(memory: float, capacity: float) -> str:
+    text = f"{memory:.0f} / {capacity:.0f}"
+    return text if memory <= capacity else f"[yellow]{text}[/]"
+
+
+def _planner_table(gaps: Any) -> Table:
+    from gpufleet.perf.planner_check import TRUST_GAP_PCT, TRUST_MIN_GPUS
+
+    table = Table(
+        title="the planner's best layout beside the published one (same model, GPUs, batch and software)",
+        header_style="bold",
+        caption=f"gap: how much faster the planner predicts its best layout; red: runs of >= {TRUST_MIN_GPUS:,} "
+        f"GPUs where it exceeds {TRUST_GAP_PCT:g} %",
+    )
+    for col in ("row", "GPUs", "published layout", "s/step", "planner's best", "s/step ", "gap"):
+        table.add_column(col, justify="left" if "layout" in col or "best" in col else "right", no_wrap=True)
+    for r in gaps.iter_rows(named=True):
+        gap = f"{r['gap_pct']:.1f} %"
+        table.add_row(
+            str(r["row"]),
+            f"{r['gpus']:,}",
+            r["published_layout"] + ("" if r["published_fits"] else " [yellow](OOM)[/]"),
+            f"{r['published_step_s']:.2f}",
+            r["best_layout"],
+            f"{r['best_step_s']:.2f}",
+            gap if r["trusted"] else f"[red]{gap}[/]",
+        )
+    return table
 
 
 # ---------------------------------------------------------------------------------------------- calibrate
@@ -458,12 +505,25 @@ def print_models(out: Console, rows: list[dict[str, Any]], as_json: bool = False
     if as_json:
         print_json(rows)
         return
-    cols = ("name", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq", "params (B)", "aliases")
-    shown = cols if wide else tuple(c for c in cols if c not in ("vocab", "aliases"))
+    cols = (
+        "name",
+        "layers",
+        "hidden",
+        "heads",
+        "kv_heads",
+        "ffn",
+        "vocab",
+        "seq",
+        "params (B)",
+        "active (B)",
+        "experts",
+        "aliases",
+    )
+    shown = cols if wide else tuple(c for c in cols if c not in ("vocab", "aliases", "active (B)", "experts"))
     table = Table(
         title=f"{len(rows)} models (use with --model NAME; override any field with its flag)",
         header_style="bold",
-        caption=None if wide else "--wide adds vocab and aliases",
+        caption=None if wide else "--wide adds vocab, active parameters, experts and aliases",
     )
     for col in shown:
         table.add_column(col, justify="left" if col in ("name", "aliases") else "right", no_wrap=col != "aliases")
@@ -481,6 +541,8 @@ def print_models(out: Console, rows: list[dict[str, Any]], as_json: bool = False
                     f"{r['vocab']:,}",
                     f"{r['seq']:,}",
                     f"{r['params_b']:,.1f}",
+                    f"{r['active_params_b']:,.1f}",
+                    r["experts"],
                     ", ".join(r["aliases"]),
                 ),
                 strict=True,

@@ -257,6 +257,25 @@ _GPUS = (
 #: the doc does not know, so the peak stays the SXM datasheet's (as torchtitan's own MFU does).
 _GPU_VARIANTS = {"h100-96g-hbm2e": ("h100", {"memory_gb": 96.0, "memory_bw_gbps": 2400.0})}
 
+#: The stack of each source family, for tables without a ``stack`` column (the shipped table names it per row).
+_GROUP_STACKS = {
+    "Narayanan 2021": "megatron-2021",
+    "Korthikanti 2022": "megatron-core",
+    "MegaScale (MegaScale)": "megascale",
+    "MegaScale (Megatron-LM)": "megatron-core",
+    "Megatron-Core MoE": "megatron-core",
+    "Megatron-Core H100": "megatron-core",
+    "torchtitan (FSDP)": "torchtitan",
+    "BLOOM": "deepspeed-megatron",
+    "OPT": "fsdp",
+    "DeepSeek-V3": "hai-llm",
+    "Llama 3": "llama3",
+    "MT-NLG": "deepspeed-megatron",
+    "MLPerf GPT-3 (fp8)": "nemo",
+    "MosaicML MPT (FSDP)": "fsdp",
+    "Megatron-Bridge (fp8)": "nemo",
+}
+
 #: Model names in the table that differ from a catalog name or alias.
 _CATALOG_NAMES = {"Llama3-405B": "llama3-405b", "Llama3-70B": "llama3-70b"}
 
@@ -447,7 +466,7 @@ def read_cases(path: str | Path | None = None) -> tuple[list[Case], list[Skipped
             "mbs": mbs,
             "vp": vp,
             "group": source.group,
-            "stack": (row["stack"] or "").strip() or None,
+            "stack": (row["stack"] or "").strip() or _GROUP_STACKS.get(source.group),
             "split": (row["split"] or "").strip(),
             "ep": ep,
         }

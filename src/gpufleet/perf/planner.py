@@ -1,4 +1,5 @@
-"""Layout search: enumerate TP x PP x DP x CP x micro-batch x virtual stages x recompute, score all at once.
+"""Layout search: enumerate TP x PP x DP x CP (x EP for MoE) x micro-batch x virtual stages x recompute, score all
+at once.
 
 Every candidate goes through ``step.evaluate`` as one NumPy batch, so a full search for GPT-3 175B on
 12,288 GPUs (tens of thousands of layouts) takes well under a second. Layouts that break a divisibility
@@ -55,6 +56,7 @@ class PlanResult:
             mbs=row["mbs"],
             vp=row["vp"],
             recompute=row["recompute"],
+            ep=row["ep"],
         )
 
 
@@ -62,8 +64,26 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def _expert_degrees(model: ModelSpec, ranks: int, max_ep: int | None) -> list[int]:
+    """EP degrees for ``ranks`` DP x CP ranks: powers of two dividing both them and the experts (1 if dense)."""
+    if not model.is_moe:
+        return [1]
+    limit = min(model.experts, ranks, max_ep or model.experts)
+    out, ep = [], 1
+    while ep <= limit:
+        if ranks % ep == 0 and model.experts % ep == 0:
+            out.append(ep)
+        ep *= 2
+    return out
+
+
 def _candidates(
-    model: ModelSpec, gpus: int, max_tp: int, recompute: tuple[Recompute, ...], max_cp: int
+    model: ModelSpec,
+    gpus: int,
+    max_tp: int,
+    recompute: tuple[Recompute, ...],
+    max_cp: int,
+    max_ep: int | None = None,
 ) -> dict[str, np.ndarray]:
     rows = []
     tps = [t for t in (1, 2, 4, 8, 16, 32, 64) if t <= max_tp and gpus % t == 0]
@@ -73,7 +93,8 @@ def _candidates(
                 if pp > model.layers:
                     break
                 dp = gpus // (tp * cp * pp)
-                rows.append((tp, cp, pp, dp))
+                for ep in _expert_degrees(model, dp * cp, max_ep):
+                    rows.append((tp, cp, pp, dp, ep))
     if not rows:
         raise ConfigError(f"{gpus} GPUs admit no TP x CP x PP x DP split")
     base = np.array(rows, dtype=np.int64)
@@ -90,6 +111,7 @@ def _candidates(
         "cp": base[idx, 1],
         "pp": base[idx, 2],
         "dp": base[idx, 3],
+        "ep": base[idx, 4],
         "mbs": mbs[m_i],
         "vp": vp[v_i],
         "rc": rc[r_i],
@@ -119,11 +141,13 @@ def plan_layouts(
     recompute: tuple[Recompute, ...] = RECOMPUTE_MODES,
     max_tp: int | None = None,
     max_cp: int | None = None,
+    max_ep: int | None = None,
 ) -> PlanResult:
     """Search all layouts of ``model`` on ``gpus`` GPUs at global batch ``gbs`` sequences; rank the fits.
 
     TP stays inside a node by default (``max_tp`` = GPUs per node); CP is considered for sequences of
-    8K tokens and more (``max_cp``).
+    8K tokens and more (``max_cp``); EP (MoE models only) takes every power of two that divides the experts and
+    the DP x CP ranks, up to ``max_ep``.
     """
     start = time.perf_counter()
     s = int(seq or model.seq)
@@ -131,12 +155,34 @@ def plan_layouts(
         raise ConfigError("--gpus and the global batch must be positive")
     max_tp = max_tp or system.gpus_per_node
     max_cp = max_cp if max_cp is not None else (32 if s >= 8192 else 1)
-    cands = _candidates(model, gpus, max_tp, recompute, max_cp)
+    interleaved = True
+    if options is not None and options.stack:  # search only what the training stack can run
+        from gpufleet.perf.stacks import get_stack
+
+        stack = get_stack(options.stack)
+        recompute = tuple(r for r in recompute if r in stack.recompute) or recompute
+        interleaved = stack.interleaved
+    cands = _candidates(model, gpus, max_tp, recompute, max_cp, max_ep)
+    if not interleaved:
+        cands = {k: v[cands["vp"] == 1] for k, v in cands.items()}
     searched = len(cands["tp"])
     valid = _valid(model, gbs, s, cands)
     c = {k: v[valid] for k, v in cands.items()}
     out = evaluate(
-        model, system, gbs, c["tp"], c["pp"], c["dp"], c["cp"], c["mbs"], c["vp"], c["rc"], s, options, efficiency
+        model,
+        system,
+        gbs,
+        c["tp"],
+        c["pp"],
+        c["dp"],
+        c["cp"],
+        c["mbs"],
+        c["vp"],
+        c["rc"],
+        s,
+        options,
+        efficiency,
+        ep=c["ep"],
     )
     fits = out["memory_gb"] <= system.gpu.memory_gb
     order = np.argsort(out["step_time_s"][fits], kind="stable")
@@ -157,6 +203,7 @@ def plan_layouts(
             "pp": keep["pp"][:n],
             "dp": keep["dp"][:n],
             "cp": keep["cp"][:n],
+            "ep": keep["ep"][:n],
             "mbs": keep["mbs"][:n],
             "vp": keep["vp"][:n],
             "recompute": [RECOMPUTE_MODES[i] for i in keep["rc"][:n]],

@@ -44,15 +44,32 @@ class ValidationRun:
     table: pl.DataFrame
     summary: pl.DataFrame
     skipped: list
+    planner: pl.DataFrame | None = None  # the planner's best layout beside each published one
 
 
-def validate_table(table: str | Path | None = None, efficiency: Path | None = None) -> ValidationRun:
-    """Predict every published measurement of ``table`` with the constants of ``efficiency`` (None: shipped)."""
+def validate_table(
+    table: str | Path | None = None, efficiency: Path | None = None, stack: str | None = None, planner: bool = False
+) -> ValidationRun:
+    """Predict every published measurement of ``table`` with the constants of ``efficiency`` (None: shipped);
+    ``stack`` keeps the rows of one training stack; ``planner`` also plans every run (``perf.planner_check``)."""
     from gpufleet.perf.validate import error_summary, validate_cases
 
     path, cases, skipped = load_reference_cases(table)
-    rows = validate_cases(cases, _efficiency(efficiency))
-    return ValidationRun(path, rows, error_summary(rows), skipped)
+    if stack is not None:
+        from gpufleet.perf.stacks import get_stack
+
+        get_stack(stack)
+        cases = [c for c in cases if (c.options.stack or "megatron-core") == stack]
+        if not cases:
+            raise ConfigError(f"{path}: no predictable row names the stack {stack!r} in its stack column")
+    eff = _efficiency(efficiency)
+    rows = validate_cases(cases, eff)
+    gaps = None
+    if planner:
+        from gpufleet.perf.planner_check import planner_gaps
+
+        gaps = planner_gaps(cases, eff)
+    return ValidationRun(path, rows, error_summary(rows), skipped, gaps)
 
 
 @dataclass(frozen=True)

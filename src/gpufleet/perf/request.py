@@ -79,6 +79,7 @@ class PerfRequest:
     dp_overlap: bool = False
     causal_flops: bool = False
     efficiency: Path | None = None
+    stack: str | None = None
 
     def model_spec(self) -> ModelSpec:
         """The catalog model or file, with any shape field overridden."""
@@ -149,6 +150,11 @@ class PerfRequest:
             common["tp_overlap"] = True
         if self.dp_overlap:
             common["dp_overlap"] = True
+        if self.stack:  # the stack's usual settings (FSDP: ZeRO-3, no SP), then the stack itself
+            from gpufleet.perf.stacks import get_stack
+
+            common.update(get_stack(self.stack).options)
+            common["stack"] = self.stack
         use_megascale = self.megascale if megascale is None else megascale
         return TrainOptions.megascale(**common) if use_megascale else TrainOptions(**common)
 
@@ -172,6 +178,7 @@ class LayoutRequest:
     mbs: int = 1
     vp: int = 1
     recompute: str = "none"
+    ep: int = 1
 
 
 def _value(x: Any) -> Any:
@@ -192,8 +199,9 @@ def derive_layout(model: ModelSpec, gpus: int, gbs: int, req: LayoutRequest) -> 
         "mbs": req.mbs,
         "vp": req.vp,
         "recompute": _value(req.recompute or "none"),
+        "ep": req.ep,
     }
-    for key in ("tp", "pp", "cp", "mbs", "vp"):
+    for key in ("tp", "pp", "cp", "mbs", "vp", "ep"):
         if knobs[key] < 1:
             raise ConfigError(f"--{key} must be at least 1, got {knobs[key]}")
     dp = req.dp
@@ -255,6 +263,7 @@ def plan(
     recompute: tuple[str, ...] | None = None,
     max_tp: int | None = None,
     max_cp: int | None = None,
+    max_ep: int | None = None,
 ) -> PlanOutcome:
     """Search every layout of the request and rank those that fit (``top`` fastest); ``recompute`` limits the
     recompute modes (None: all)."""
@@ -289,6 +298,7 @@ def plan(
         recompute=modes,
         max_tp=max_tp,
         max_cp=max_cp,
+        max_ep=max_ep,
     )
     return PlanOutcome(model=model, gbs=gbs, options=options, result=res, system=system, gpus=gpus)
 
@@ -312,7 +322,7 @@ def _plan_hetero(req: PerfRequest, model: ModelSpec, cluster: ClusterSpec, top: 
 
 def catalog_rows() -> list[dict[str, Any]]:
     """The shipped model catalog, one dict per model: shape, parameters in billions and aliases."""
-    from gpufleet.perf.flops import param_count
+    from gpufleet.perf.flops import active_params, param_count
     from gpufleet.perf.model_spec import model_catalog
 
     return [
@@ -327,6 +337,10 @@ def catalog_rows() -> list[dict[str, Any]]:
             "vocab": m.vocab,
             "seq": m.seq,
             "params_b": param_count(m) / 1e9,
+            "active_params_b": active_params(m) / 1e9,
+            "experts": f"{m.experts} top-{m.top_k}" + (f" +{m.shared_experts}" if m.shared_experts else "")
+            if m.is_moe
+            else "",
             "aliases": list(m.aliases),
         }
         for m in model_catalog().specs.values()

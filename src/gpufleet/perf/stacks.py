@@ -32,6 +32,8 @@ class Stack:
     description: str
     relative: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
+    recompute: tuple[str, ...] = ("none", "selective", "full")  # the recomputation modes the stack offers
+    interleaved: bool = True  # whether it has an interleaved (virtual-stage) pipeline schedule
 
 
 @functools.cache
@@ -39,7 +41,14 @@ def _registry() -> dict[str, Stack]:
     data = read_toml(data_file("perf_stacks.toml"), what="stack registry")
     out = {}
     for name, entry in (data.get("stacks") or {}).items():
-        out[name] = Stack(name, entry.get("description", ""), entry.get("relative"), dict(entry.get("options", {})))
+        out[name] = Stack(
+            name,
+            entry.get("description", ""),
+            entry.get("relative"),
+            dict(entry.get("options", {})),
+            tuple(entry.get("recompute", ("none", "selective", "full"))),
+            bool(entry.get("interleaved", True)),
+        )
     return out
 
 

@@ -414,6 +414,13 @@ def layout_problems(model: ModelSpec, gpus: int, gbs: int, layout: Layout, seq: 
         problems.append(f"global batch {gbs} is not a multiple of DP x mbs = {layout.dp * layout.mbs}")
     if s % layout.cp:
         problems.append(f"CP={layout.cp} does not divide the sequence length {s}")
+    if layout.ep > 1 and not model.is_moe:
+        problems.append(f"EP={layout.ep} needs a mixture-of-experts model; {model.name} is dense (use --ep 1)")
+    elif layout.ep > 1:
+        if (layout.dp * layout.cp) % layout.ep:
+            problems.append(f"EP={layout.ep} does not divide DP x CP = {layout.dp * layout.cp}")
+        if model.experts % layout.ep:
+            problems.append(f"EP={layout.ep} does not divide the {model.experts} experts")
     return problems
 
 
@@ -506,6 +513,7 @@ def estimate_step(
         s,
         opts,
         efficiency,
+        ep=layout.ep,
     )
     values = {k: float(np.asarray(v).reshape(-1)[0]) for k, v in out.items()}
     return StepEstimate(model, layout, system, opts, int(gbs), s, values)

@@ -1,0 +1,69 @@
+"""The planner against the layouts experts tuned: for each published run, the planner's best layout beside it.
+
+A model that ranks an exotic layout much faster than the one a published run tuned is missing a cost. For
+every predictable row of the ground-truth table this plans the same model, GPUs, batch and training software,
+and reports the planner's best layout, the published layout's predicted step time, the best one's, and how
+much faster the planner claims to be (``gap_pct``). ``perf validate`` prints it; runs of at least
+``TRUST_MIN_GPUS`` GPUs should stay within ``TRUST_GAP_PCT``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import polars as pl
+
+from gpufleet.errors import ConfigError
+from gpufleet.perf.efficiency import Efficiency, default_efficiency
+from gpufleet.perf.ground_truth import Case
+from gpufleet.perf.planner import plan_layouts
+from gpufleet.perf.validate import predict_case
+
+__all__ = ["TRUST_GAP_PCT", "TRUST_MIN_GPUS", "planner_gaps"]
+
+TRUST_MIN_GPUS = 1024
+TRUST_GAP_PCT = 5.0
+
+
+def planner_gaps(cases: Sequence[Case], efficiency: Efficiency | None = None) -> pl.DataFrame:
+    """One row per published run (first case of each table row): published vs the planner's best layout."""
+    eff = efficiency or default_efficiency()
+    rows = []
+    seen: set[int] = set()
+    for case in cases:
+        if case.row in seen:
+            continue
+        seen.add(case.row)
+        published = predict_case(case, eff)
+        ep = f" EP{case.ep}" if case.ep > 1 else ""
+        layout = f"TP{case.tp} PP{case.pp} DP{case.dp} CP{case.cp}{ep} v{published['vp']}"
+        try:
+            plan = plan_layouts(case.model, case.system, case.gpus, case.gbs, case.seq, case.options, eff, top=1)
+            best = plan.table.row(0, named=True) if not plan.table.is_empty() else None
+        except ConfigError:
+            best = None
+        best_layout = "nothing fits"
+        best_t = float("nan")
+        if best is not None:
+            bep = f" EP{best['ep']}" if best["ep"] > 1 else ""
+            best_layout = (
+                f"TP{best['tp']} PP{best['pp']} DP{best['dp']} CP{best['cp']}{bep} mbs{best['mbs']} v{best['vp']} "
+                f"{best['recompute']}"
+            )
+            best_t = float(best["step_time_s"])
+        t = published["step_time_s"]
+        rows.append(
+            {
+                "row": case.row,
+                "case": case.label,
+                "gpus": case.gpus,
+                "published_layout": layout,
+                "published_step_s": t,
+                "published_fits": published["fits"],
+                "best_layout": best_layout,
+                "best_step_s": best_t,
+                "gap_pct": (t - best_t) / t * 100.0,
+                "trusted": not (case.gpus >= TRUST_MIN_GPUS and (t - best_t) / t * 100.0 > TRUST_GAP_PCT),
+            }
+        )
+    return pl.DataFrame(rows)
