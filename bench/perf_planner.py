@@ -1,5 +1,6 @@
-"""Performance-model speed and accuracy: layout search against a per-layout loop, the validation table,
-MegaScale's gain, and Holmes placement. Prints tables; run with ``python bench/perf_planner.py``."""
+"""Performance-model speed and accuracy: layout search against a per-layout loop (dense and MoE with EP), the
+validation table per split and per stack, the planner's best layout beside each published one, MegaScale's gain,
+and Holmes placement. Prints tables; run with ``python bench/perf_planner.py``."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from gpufleet.perf.hetero import plan_hetero
 from gpufleet.perf.model_spec import load_model
 from gpufleet.perf.options import Layout, TrainOptions
 from gpufleet.perf.planner import _candidates, _valid, plan_layouts
+from gpufleet.perf.planner_check import TRUST_GAP_PCT, TRUST_MIN_GPUS, planner_gaps
 from gpufleet.perf.step import estimate_step
 from gpufleet.perf.system import System
 from gpufleet.perf.validate import error_summary, validate_cases
@@ -23,7 +25,7 @@ from gpufleet.spec import load_cluster
 from gpufleet.spec.catalog import data_file
 
 
-def _loop_search(model, system, gpus, gbs):
+def _loop_search(model, system, gpus, gbs, options=None):
     """The naive planner: every candidate layout scored one at a time through the scalar API."""
     cands = _candidates(model, gpus, system.gpus_per_node, RECOMPUTE_MODES, 1)
     valid = _valid(model, gbs, model.seq, cands)
@@ -37,9 +39,10 @@ def _loop_search(model, system, gpus, gbs):
             mbs=int(cands["mbs"][i]),
             vp=int(cands["vp"][i]),
             recompute=RECOMPUTE_MODES[cands["rc"][i]],
+            ep=int(cands["ep"][i]),
         )
         try:
-            est = estimate_step(model, system, layout, gbs, check=False)
+            est = estimate_step(model, system, layout, gbs, options=options, check=False)
         except ConfigError:
             continue
         if est.fits and est.step_time_s < best[0]:
@@ -53,17 +56,21 @@ def main() -> None:
     speed = Table(title="Layout search: vectorised planner vs per-layout loop (same candidates, same model)")
     for col in ("case", "candidates", "vectorised s", "loop s", "speed-up", "same best", "best layout"):
         speed.add_column(col, justify="left" if col in ("case", "best layout") else "right")
-    for name, gpu, nic, gpus, gbs in (
-        ("gpt3-175b", "a100-80g", "roce-200g", 12288, 6144),
-        ("llama3-405b", "h100", "roce-400g", 16384, 2048),
-        ("gpt-7.5b", "a100-80g", "ib-hdr", 128, 512),
+    moe_opts = TrainOptions(precision="fp8", stack="hai-llm", ep_overlap=True, pp_overlap=True, dp_overlap=True)
+    for name, gpu, nic, gpus, gbs, opts, bar in (
+        ("gpt3-175b", "a100-80g", "roce-200g", 12288, 6144, None, 2.0),
+        ("deepseek-v3", "h800", "ib-ndr", 2048, 15360, moe_opts, 5.0),
+        ("llama3-405b", "h100", "roce-400g", 16384, 2048, None, None),
+        ("gpt-7.5b", "a100-80g", "ib-hdr", 128, 512, None, None),
     ):
         model, system = load_model(name), System.build(gpu, nic)
         t0 = time.perf_counter()
-        plan = plan_layouts(model, system, gpus, gbs, top=1, max_cp=1)
+        plan = plan_layouts(model, system, gpus, gbs, options=opts, top=1, max_cp=1)
         vec = time.perf_counter() - t0
+        if bar is not None:
+            console.print(f"{name} on {gpus:,} GPUs: every layout scored in {vec:.3f} s (bar: under {bar:g} s)")
         t0 = time.perf_counter()
-        n_valid, (loop_best, _) = _loop_search(model, system, gpus, gbs)
+        n_valid, (loop_best, _) = _loop_search(model, system, gpus, gbs, opts)
         loop = time.perf_counter() - t0
         same = abs(float(plan.table["step_time_s"][0]) - loop_best) < 1e-9
         speed.add_row(
@@ -92,6 +99,47 @@ def main() -> None:
         acc.add_row(row["subset"], str(row["rows"]), f"{row['mean_pct']:.2f}", f"{row['max_pct']:.2f}")
     console.print(acc)
     console.print(f"skipped rows: {', '.join(s.label for s in skipped)}\n")
+    held = table.filter(table["split"] == "held-out")
+    console.print(
+        f"bar (held-out rows): mean {held['error_pct'].mean():.1f} % (<= 5 %), max {held['error_pct'].max():.1f} % "
+        f"(<= 15 %), {table['row'].n_unique()} table rows predicted, {len(skipped)} skipped\n"
+    )
+    worst = Table(title="Held-out rows above 10 % error")
+    for col in ("row", "case", "stack", "layout", "error %", "GB / GPU"):
+        worst.add_column(col, justify="right" if col in ("row", "error %", "GB / GPU") else "left")
+    for r in held.filter(held["error_pct"] > 10).sort("error_pct", descending=True).iter_rows(named=True):
+        worst.add_row(
+            str(r["row"]),
+            r["case"],
+            r["stack"],
+            r["layout"],
+            f"{r['error_pct']:.1f}",
+            f"{r['memory_gb']:.0f} / {r['gpu_memory_gb']:.0f}",
+        )
+    console.print(worst)
+
+    t0 = time.perf_counter()
+    gaps = planner_gaps(cases)
+    secs = time.perf_counter() - t0
+    trust = Table(title=f"Planner's best layout vs the published one ({gaps.height} runs planned in {secs:.1f} s)")
+    for col in ("row", "GPUs", "published", "s/step", "planner's best", "s/step ", "gap %"):
+        trust.add_column(col, justify="left" if col in ("published", "planner's best") else "right")
+    for r in gaps.iter_rows(named=True):
+        trust.add_row(
+            str(r["row"]),
+            f"{r['gpus']:,}",
+            r["published_layout"] + ("" if r["published_fits"] else " (OOM)"),
+            f"{r['published_step_s']:.2f}",
+            r["best_layout"],
+            f"{r['best_step_s']:.2f}",
+            f"{r['gap_pct']:.1f}" + ("" if r["trusted"] else " !"),
+        )
+    console.print(trust)
+    big = gaps.filter(gaps["gpus"] >= TRUST_MIN_GPUS)
+    console.print(
+        f"runs of >= {TRUST_MIN_GPUS:,} GPUs: {int((~big['trusted']).sum())} of {big.height} where the planner's best "
+        f"is more than {TRUST_GAP_PCT:g} % faster than the published layout (marked !)\n"
+    )
 
     gain = Table(title="MegaScale's optimisations vs Megatron-LM (GPT-175B, TP8 PP8 v6, A100, 8x200G RoCE)")
     for col in ("GPUs", "gbs", "published MFU Megatron → MegaScale", "published gain", "predicted gain"):
