@@ -89,6 +89,7 @@ class StackConstants(BaseModel):
     model_config = _STRICT
 
     compute: float = Field(default=1.0, gt=0, le=2, description="achieved compute rate vs the reference stack")
+    fp8: float = Field(default=1.0, gt=0, le=2, description="achieved fp8 GEMM rate vs the generation's fp8_gemm")
 
 
 class Efficiency(BaseModel):

@@ -181,6 +181,8 @@ def evaluate(
         if system.gpu.dense_fp8_tflops is None:
             raise ConfigError(f"GPU {system.gpu.name!r} has no fp8 tensor cores; use --precision bf16")
         gemm_rate = system.gpu.dense_fp8_tflops * 1e12 * ce.fp8_gemm * (ce.gemm_efficiency(h / tp) / ce.gemm)
+        if stack_constants is not None:  # the stack's fp8 recipe (scaling, casts) reaches this share of it
+            gemm_rate = gemm_rate * stack_constants.fp8
     else:
         gemm_rate = peak16 * ce.gemm_efficiency(h / tp)
     mem_rate = system.gpu.memory_bw_gbps * 1e9 * ce.memory
