@@ -212,3 +212,44 @@ def test_a_hung_rank_is_found_in_the_collective_it_never_entered(tmp_path: Path)
     out = run_workload(tmp_path, fault="hang:1", nproc=2, steps=4)
     top = TraceAnalyzer(out).diagnose().alarms[0]
     assert (top.rank, top.category) == (1, "hang")
+
+
+# ---- the DDP families (docs/diagnose_workload.md) -------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("family", "extra", "loader"),
+    [
+        ("lm-ddp", (), LOADER),
+        (
+            "cnn-ddp",
+            ("--workers", "1", "--batch", "4"),
+            "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__",
+        ),
+        ("lm-accum", ("--accum", "3"), LOADER),
+    ],
+)
+def test_ddp_families_trace_ddp_without_gpufleet_sections(
+    tmp_path: Path, family: str, extra: tuple, loader: str
+) -> None:
+    trace = _run_here(tmp_path, "host-after:0:0.03", "--family", family, *extra)
+    assert json.loads((tmp_path / "fault.json").read_text())["family"] == family
+    names = {e["name"] for e in _events(trace)}
+    assert "DistributedDataParallel.forward" in names and not set(SECTIONS) & names
+    per_step = 3 if family == "lm-accum" else 1  # micro-batches per step
+    assert len(_events(trace, loader)) == 3 * per_step
+    assert len(_events(trace, "DistributedDataParallel.forward")) == 3 * per_step
+    for step in _steps(trace):  # the pause sits after the step's last op, before the step closes
+        end = step["ts"] + step["dur"]
+        last = max(e["ts"] + e["dur"] for e in _events(trace) if e["tid"] == step["tid"] and e is not step
+                   and step["ts"] <= e["ts"] < end)  # fmt: skip
+        assert end - last >= 30_000
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_a_pause_after_the_optimizer_under_ddp_is_found_on_its_rank(tmp_path: Path) -> None:
+    from gpufleet.diagnose.analyzer import TraceAnalyzer
+
+    out = run_workload(tmp_path, fault="host-after:1:0.08", nproc=3, steps=5, extra=["--family", "lm-ddp"])
+    top = TraceAnalyzer(out).diagnose().alarms[0]
+    assert (top.rank, top.category, top.function) == (1, "cpu_stall", "<untraced: step end>")
+    assert top.evidence["others_slack_s_per_step"] > 0.02  # the others wait in DDP's reducer, untraced

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import polars as pl
 
 from gpufleet.diagnose.categories import CPU_STALL, DATA_LOADING
-from gpufleet.diagnose.timeline import device_timeline, host_timeline, step_spans
+from gpufleet.diagnose.timeline import device_timeline, gap_waits, host_timeline, step_spans
 
 __all__ = [
     "STEP_END",
@@ -76,8 +76,8 @@ def _calls(t: Timelines) -> pl.DataFrame:
         "ts_ns",
     )
     step_self = untraced_gaps(t).select(
-        "rank", "step", pl.lit("host").alias("domain"), "category", "function", "time_ns",
-        pl.lit(0, dtype=pl.Int64).alias("wait_ns"), "ts_ns",
+        "rank", "step", pl.lit("host").alias("domain"), "category", "function",
+        (pl.col("time_ns") - pl.col("wait_ns")).alias("time_ns"), "wait_ns", "ts_ns",
     )  # fmt: skip
     device = t.device.filter(pl.col("step").is_not_null()).select(
         "rank",
@@ -100,7 +100,8 @@ def untraced_gaps(t: Timelines) -> pl.DataFrame:
     op, before the step closes). Where it falls says what it likely is: before the first op, or next to the
     DataLoader, it is input work the pipeline does not annotate (``data_loading``); anywhere else it is the host
     away from the framework's ops (``cpu_stall``), or waiting where no event says so (DDP's reducer on gloo).
-    Columns: rank, step, category, function, time_ns, ts_ns (the gap's start).
+    Columns: rank, step, category, function, time_ns, ts_ns (the gap's start), wait_ns (the part of it spent
+    blocked on a collective in flight: :func:`gpufleet.diagnose.timeline.gap_waits`).
     """
     main = t.spans.select("rank", "step", "pid", "tid", "start_ns", "end_ns")
     top = (
@@ -144,7 +145,8 @@ def untraced_gaps(t: Timelines) -> pl.DataFrame:
         (pl.col("end_ns") - pl.coalesce("_end", "start_ns")).clip(lower_bound=0).alias("time_ns"),
         pl.coalesce("_end", "start_ns").alias("ts_ns"),
     )
-    return pl.concat([gaps, ends.select(gaps.columns)], how="vertical_relaxed")
+    out = pl.concat([gaps, ends.select(gaps.columns)], how="vertical_relaxed")
+    return out.with_columns(pl.Series("wait_ns", gap_waits(out, t.host), dtype=pl.Int64))
 
 
 def per_step_functions(t: Timelines) -> pl.DataFrame:

@@ -27,7 +27,7 @@ _NEST_TOLERANCE_NS = 2_000  # Kineto rounds host timestamps to the microsecond
 #: Host events that *are* a collective in flight (gloo runs them on its own worker threads).
 COLLECTIVE_IMPL = r"^(?:gloo|nccl|mpi|ucc):"
 
-__all__ = ["DEVICE_CATS", "HOST_CATS", "device_timeline", "host_timeline", "step_spans"]
+__all__ = ["DEVICE_CATS", "HOST_CATS", "device_timeline", "gap_waits", "host_timeline", "step_spans"]
 
 
 def step_spans(events: pl.DataFrame) -> pl.DataFrame:
@@ -207,6 +207,31 @@ def _wait_time(host: pl.DataFrame, spans: pl.DataFrame) -> pl.DataFrame:
     return host.with_columns(
         pl.max_horizontal("wait_ns", pl.min_horizontal(pl.col("_overlap").fill_null(0), "self_ns")).alias("wait_ns")
     ).drop("_row", "_overlap")
+
+
+def gap_waits(gaps: pl.DataFrame, host: pl.DataFrame) -> np.ndarray:
+    """Per gap (rank, ts_ns, time_ns: host time outside every op): the nanoseconds of it spent waiting on a collective.
+
+    A gap while one of the rank's collectives is in flight is the training thread blocked on it where no event says
+    so (DDP's reducer waiting inside the autograd engine, an untraced ``work.wait()``); a gap in which a collective
+    ends waited all along (the rest was waking up). Other gaps are the rank's own untraced work.
+    """
+    out = np.zeros(gaps.height, dtype=np.int64)
+    colls = host.filter(pl.col("name").str.contains(COLLECTIVE_IMPL))
+    if colls.is_empty() or gaps.is_empty():
+        return out
+    indexed = gaps.with_row_index("_row")
+    for (rank,), c in colls.group_by("rank"):
+        g = indexed.filter(pl.col("rank") == rank)
+        if g.is_empty():
+            continue
+        c_end = (c["ts_ns"] + c["dur_ns"]).to_numpy()
+        f = _covered(c["ts_ns"].to_numpy(), c_end)
+        start, dur = g["ts_ns"].to_numpy(), g["time_ns"].to_numpy()
+        ends = np.sort(c_end)
+        ended = np.searchsorted(ends, start + dur, side="right") > np.searchsorted(ends, start, side="right")
+        out[g["_row"].to_numpy()] = np.where(ended, dur, np.minimum(f(start + dur) - f(start), dur))
+    return out
 
 
 def device_timeline(events: pl.DataFrame, spans: pl.DataFrame | None = None) -> pl.DataFrame:

@@ -73,19 +73,25 @@ class Throttled(nn.Module):
         return throttled(self.layer, x, self.factor)
 
 
+def _conv_block(c_in: int, c_out: int) -> nn.Sequential:
+    return nn.Sequential(nn.Conv2d(c_in, c_out, 3, padding=1), nn.BatchNorm2d(c_out), nn.ReLU(), nn.MaxPool2d(2))
+
+
 class SmallCNN(nn.Module):
-    """Two conv-BatchNorm-ReLU-pool blocks and a linear head; ``syncs`` needless ``.item()`` after each block."""
+    """Two conv-BatchNorm-ReLU-pool blocks and a linear head; ``syncs`` needless ``.item()`` after each block.
+
+    Each block and the head run on a device that may be throttled: a slow device slows every op, not only the convs.
+    """
 
     def __init__(self, width: int = 16) -> None:
         super().__init__()
-        self.c1, self.b1 = Throttled(nn.Conv2d(3, width, 3, padding=1)), nn.BatchNorm2d(width)
-        self.c2, self.b2 = Throttled(nn.Conv2d(width, 2 * width, 3, padding=1)), nn.BatchNorm2d(2 * width)
+        self.blocks = nn.ModuleList([Throttled(_conv_block(3, width)), Throttled(_conv_block(width, 2 * width))])
         self.head = Throttled(nn.Linear(2 * width * 8 * 8, 10))
         self.syncs = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for conv, bn in ((self.c1, self.b1), (self.c2, self.b2)):
-            x = F.max_pool2d(F.relu(bn(conv(x))), 2)
+        for block in self.blocks:
+            x = block(x)
             for _ in range(self.syncs):
                 torch.isfinite(x).all().item()  # a debug check left in: a host-device sync per block
         return self.head(x.flatten(1))
