@@ -87,6 +87,14 @@ def test_expert_parallelism_shards_expert_memory_and_costs_all_to_all():
     assert np.allclose(parts + out["optimizer"] + out["overhead"], out["step_time_s"])
 
 
+def test_a_capacity_factor_pads_expert_work():
+    mix = get_model("mixtral-8x7b")
+    padded = mix.with_overrides(capacity_factor=1.25)
+    args = (System.build("h100", "ib-ndr"), 256, 1, 4, 16, 1, 1, 8, 0, 4096, TrainOptions())
+    base, cf = evaluate(mix, *args, ep=8), evaluate(padded, *args, ep=8)
+    assert cf["compute"] > base["compute"] and cf["ep_comm"] == pytest.approx(1.25 * base["ep_comm"])
+
+
 def test_ep_layout_rules_and_planner_search():
     dense = get_model("gpt3-175b")
     problems = layout_problems(dense, 64, 64, Layout(tp=8, pp=1, dp=8, ep=8))

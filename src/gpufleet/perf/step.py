@@ -80,7 +80,8 @@ def _ep_all_to_all(
     spans nodes the exchange is hierarchical (DeepSeek-V3, DeepEP): a token crosses the NIC once per
     destination node (at most ``route_nodes`` with node-limited routing) and fans out over NVLink there.
     Forward: dispatch (fp8 with fp8 training) and combine (bf16); backward: the same again; full recompute
-    repeats the forward. ``ep_overlap`` leaves ``ep_overlap_exposed`` of it on the critical path.
+    repeats the forward. A capacity factor pads every expert's buffer to capacity: CF x the bytes.
+    ``ep_overlap`` leaves ``ep_overlap_exposed`` of it on the critical path.
     """
     h = model.hidden
     k = float(model.top_k)
@@ -95,7 +96,7 @@ def _ep_all_to_all(
     local = k * (ep_local - 1.0) / ep + np.where(nodes > 1, k * (ep - ep_local) / ep, 0.0)
     b_dispatch = 1.0 if opt.precision == "fp8" else 2.0
     per_byte = local / intra_bw + remote / nic_bw
-    one_pass = np.asarray(tokens, dtype=float) * h * (b_dispatch + 2.0) * per_byte
+    one_pass = np.asarray(tokens, dtype=float) * h * (b_dispatch + 2.0) * per_byte * (model.capacity_factor or 1.0)
     passes = 2.0 + (np.asarray(rc) == 2)
     share = model.moe_layers / model.layers
     exposed = sw.ep_overlap_exposed if opt.ep_overlap else 1.0
@@ -189,9 +190,12 @@ def evaluate(
     tok = mbs * s / cp  # tokens of one micro-batch on one rank
     t_gemm = gemm_flops_per_token_layer(model) * tok / tp / gemm_rate
     if moe:  # routed experts run at the efficiency of their own (narrower) per-GPU width
+        # with a capacity factor, experts run padded to capacity (static shapes): CF x the routed work
         expert_flops = expert_gemm_flops_per_token_layer(model)
         expert_rate = gemm_rate * ce.gemm_efficiency(model.expert_width / tp) / ce.gemm_efficiency(h / tp)
-        t_gemm = t_gemm + expert_flops * tok / tp * (1.0 / expert_rate - 1.0 / gemm_rate)
+        padded = expert_flops * (model.capacity_factor or 1.0)
+        t_gemm = (gemm_flops_per_token_layer(model) - expert_flops) * tok / tp / gemm_rate
+        t_gemm = t_gemm + padded * tok / tp / expert_rate
     window = min(1.0, opt.sliding_window / s) if opt.sliding_window else 1.0
     executed_attn = attention_flops_per_token_layer(model, s, causal=opt.flash_attention) * window
     attn_eff = ce.flash_attention if opt.flash_attention else ce.attention
