@@ -18,6 +18,10 @@ from gpufleet.meta.loader import MetaLoader, TaskStore, plan_steps
 from gpufleet.meta.prepare import PrepareConfig, prepare_movielens_100k, prepare_tasks
 from gpufleet.meta.schema import TRAIN_FILE
 
+# MovieLens-100k's 943 users: 20 % cold-start, 15 % validation (prepare's defaults), the rest training
+COLD_TASKS, VAL_TASKS = round(0.2 * 943), round(0.15 * 943)
+TRAIN_TASKS = 943 - COLD_TASKS - VAL_TASKS
+
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -44,7 +48,7 @@ def _prefetch_threads() -> list[threading.Thread]:
 
 
 def test_store_shapes(store: TaskStore, records: dict[str, list]) -> None:
-    assert store.num_tasks == len(records["task_id"]) == 754
+    assert store.num_tasks == len(records["task_id"]) == TRAIN_TASKS
     assert (store.support_sizes == 10).all()
     assert store.query_sizes.tolist() == [len(x) for x in records["query_label"]]
     assert (store.sizes == store.support_sizes + store.query_sizes).all()
@@ -74,12 +78,12 @@ def _check_batch(store: TaskStore, records: dict[str, list], tasks: np.ndarray) 
 
 
 def test_batch_round_trip(store: TaskStore, records: dict[str, list]) -> None:
-    _check_batch(store, records, np.array([5, 0, 700, 33]))
+    _check_batch(store, records, np.array([5, 0, 600, 33]))
     _check_batch(store, records, np.arange(store.num_tasks))
 
 
 @settings(max_examples=30, deadline=None)
-@given(tasks=st.lists(st.integers(0, 753), min_size=1, max_size=12))
+@given(tasks=st.lists(st.integers(0, TRAIN_TASKS - 1), min_size=1, max_size=12))
 def test_batch_round_trip_any_tasks(store: TaskStore, records: dict[str, list], tasks: list[int]) -> None:
     _check_batch(store, records, np.array(tasks))
 
@@ -117,7 +121,8 @@ def test_store_errors(tmp_path: Path, folder: Path) -> None:
         TaskStore.open(tmp_path)
     with pytest.raises(MetaError, match="unknown split 'test'"):
         TaskStore.open(folder, split="test")
-    assert TaskStore.open(folder, split="cold").num_tasks == 189
+    assert TaskStore.open(folder, split="cold").num_tasks == COLD_TASKS
+    assert TaskStore.open(folder, split="val").num_tasks == VAL_TASKS
 
 
 # ---------------------------------------------------------------------------------------------- plan_steps
@@ -125,12 +130,12 @@ def test_store_errors(tmp_path: Path, folder: Path) -> None:
 
 def test_plan_covers_each_task_at_most_once(store: TaskStore) -> None:
     steps = plan_steps(store.sizes, 32, 4, seed=0, epoch=0)
-    assert len(steps) == 754 // 32
+    assert len(steps) == TRAIN_TASKS // 32
     flat = np.concatenate([t for step in steps for t in step])
     assert flat.size == len(steps) * 32 == np.unique(flat).size
     full = plan_steps(store.sizes, 32, 4, seed=0, epoch=0, drop_last=False)
     assert len(full) == len(steps) + 1
-    assert np.array_equal(np.sort(np.concatenate([t for s in full for t in s])), np.arange(754))
+    assert np.array_equal(np.sort(np.concatenate([t for s in full for t in s])), np.arange(TRAIN_TASKS))
 
 
 def test_plan_same_global_steps_for_any_world(store: TaskStore) -> None:
@@ -193,7 +198,7 @@ def test_loader_yields_this_ranks_tasks(store: TaskStore) -> None:
     world = 2
     loaders = [MetaLoader(store, 16, rank, world, seed=5) for rank in range(world)]
     plan = plan_steps(store.sizes, 16, world, seed=5, epoch=0)
-    assert len(loaders[0]) == len(plan) == 754 // 16
+    assert len(loaders[0]) == len(plan) == TRAIN_TASKS // 16
     for rank, loader in enumerate(loaders):
         got = [b.task_ids for b in loader]
         assert len(got) == len(plan)

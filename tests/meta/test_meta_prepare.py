@@ -14,7 +14,9 @@ import pytest
 from gpufleet.errors import MetaError
 from gpufleet.meta.interactions import movielens_100k_dir, parse_columns, read_interactions
 from gpufleet.meta.prepare import PrepareConfig, prepare_file, prepare_movielens_100k
-from gpufleet.meta.schema import COLD_FILE, META_FILE, TRAIN_FILE, TaskMeta
+from gpufleet.meta.schema import COLD_FILE, META_FILE, TRAIN_FILE, VAL_FILE, TaskMeta
+
+SPLITS = {"train": TRAIN_FILE, "val": VAL_FILE, "cold": COLD_FILE}
 
 # ---------------------------------------------------------------------------------------------- helpers
 
@@ -28,7 +30,7 @@ def _long(folder: Path, split: str, feature: str) -> pl.DataFrame:
     meta = _meta(folder)
     f_index = [f.name for f in meta.sparse].index(feature)
     offset = meta.sparse[f_index].offset
-    table = pq.read_table(folder / (TRAIN_FILE if split == "train" else COLD_FILE)).to_pydict()
+    table = pq.read_table(folder / SPLITS[split]).to_pydict()
     rows = []
     for key, *sets in zip(
         table["task_key"],
@@ -75,7 +77,7 @@ def ml_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def ml_samples(ml_folder: Path, ml_raw: pl.DataFrame) -> pl.DataFrame:
     """Written samples of both splits joined back to the raw ratings through the item vocabulary."""
     vocab = _vocab(ml_raw["item"].to_list())
-    frames = [_long(ml_folder, split, "item").with_columns(pl.lit(split).alias("split")) for split in ("train", "cold")]
+    frames = [_long(ml_folder, split, "item").with_columns(pl.lit(split).alias("split")) for split in SPLITS]
     long = pl.concat(frames).join(vocab, on="code", how="left").rename({"value": "item", "task_key": "user"})
     return long.join(ml_raw, on=["user", "item"], how="left")
 
@@ -85,9 +87,10 @@ def ml_samples(ml_folder: Path, ml_raw: pl.DataFrame) -> pl.DataFrame:
 
 def test_movielens_counts(ml_folder: Path) -> None:
     info = _meta(ml_folder).info
-    assert info["tasks"]["train"] + info["tasks"]["cold"] == 943
+    assert info["tasks"]["train"] + info["tasks"]["val"] + info["tasks"]["cold"] == 943
     assert info["dropped_tasks"] == 0  # every ML-100k user has >= 20 ratings
     assert info["tasks"]["cold"] == round(0.2 * 943)
+    assert info["tasks"]["val"] == round(0.15 * 943)
     assert info["samples"]["train"]["support"] == 10 * info["tasks"]["train"]
     assert info["label_rule"] == "label = rating >= 4"
 
@@ -116,13 +119,17 @@ def test_movielens_support_is_the_earliest_ratings(ml_samples: pl.DataFrame, ml_
     assert (sup.join(tenth, on="user").select(pl.col("time") == pl.col("t10")).to_series()).all()
 
 
-def test_movielens_cold_tasks_are_newest_and_disjoint(ml_folder: Path, ml_raw: pl.DataFrame) -> None:
-    train = pq.read_table(ml_folder / TRAIN_FILE, columns=["task_id", "task_key"]).to_pydict()
-    cold = pq.read_table(ml_folder / COLD_FILE, columns=["task_id", "task_key"]).to_pydict()
-    assert not set(train["task_key"]) & set(cold["task_key"])
-    assert not set(train["task_id"]) & set(cold["task_id"])
+def test_movielens_cold_tasks_are_newest_validation_next_and_disjoint(ml_folder: Path, ml_raw: pl.DataFrame) -> None:
+    read = {
+        name: pq.read_table(ml_folder / file, columns=["task_id", "task_key"]).to_pydict()
+        for name, file in (("train", TRAIN_FILE), ("val", VAL_FILE), ("cold", COLD_FILE))
+    }
+    for a, b in (("train", "val"), ("train", "cold"), ("val", "cold")):
+        assert not set(read[a]["task_key"]) & set(read[b]["task_key"])
+        assert not set(read[a]["task_id"]) & set(read[b]["task_id"])
     first = dict(ml_raw.group_by("user").agg(pl.col("time").min()).iter_rows())
-    assert min(first[k] for k in cold["task_key"]) >= max(first[k] for k in train["task_key"])
+    assert min(first[k] for k in read["val"]["task_key"]) >= max(first[k] for k in read["train"]["task_key"])
+    assert min(first[k] for k in read["cold"]["task_key"]) >= max(first[k] for k in read["val"]["task_key"])
 
 
 def test_movielens_features(ml_folder: Path) -> None:
@@ -175,7 +182,7 @@ def test_implicit_csv_negatives(tmp_path: Path) -> None:
     assert [f.name for f in meta.sparse] == ["item", "city", "category"]
     assert set(meta.info["negatives"]["negative_side_features"]) == {"category", "price"}
     vocab = _vocab(raw["ad_id"].to_list())
-    long = pl.concat([_long(tmp_path / "out", s, "item") for s in ("train", "cold")])
+    long = pl.concat([_long(tmp_path / "out", s, "item") for s in SPLITS])
     long = long.join(vocab, on="code").rename({"value": "ad_id", "task_key": "uid"})
     touched = raw.select("uid", "ad_id").with_columns(pl.lit(True).alias("touched"))
     marked = long.join(touched, on=["uid", "ad_id"], how="left").with_columns(pl.col("touched").fill_null(False))
@@ -237,7 +244,7 @@ def test_explicit_ratings_with_threshold_and_parquet_datetimes(tmp_path: Path) -
     summary = prepare_file(
         tmp_path / "r.parquet",
         {"user": "u", "item": "i", "label": "stars", "time": "when"},
-        PrepareConfig(label_threshold=4, cold_fraction=0.5),
+        PrepareConfig(label_threshold=4, cold_fraction=0.5, val_fraction=0.0),
         tmp_path / "out",
     )
     assert (summary.tasks_train, summary.tasks_cold) == (1, 1)
@@ -249,7 +256,7 @@ def test_rerun_overwrites_and_leaves_no_temporaries(tmp_path: Path) -> None:
     src = _implicit_csv(tmp_path / "clicks.csv")
     _implicit_prepare(src, tmp_path / "out")
     _implicit_prepare(src, tmp_path / "out", cold_by="random")
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [COLD_FILE, META_FILE, TRAIN_FILE]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted([COLD_FILE, META_FILE, TRAIN_FILE, VAL_FILE])
     assert _meta(tmp_path / "out").info["config"]["cold_by"] == "random"
 
 
@@ -308,6 +315,8 @@ def test_other_user_errors(tmp_path: Path) -> None:
         read_interactions(_csv(tmp_path / "x.json", "{}"), {"user": "u", "item": "i"})
     with pytest.raises(MetaError, match="cold_fraction"):
         PrepareConfig(cold_fraction=1.5)
+    with pytest.raises(MetaError, match="val_fraction"):
+        PrepareConfig(cold_fraction=0.5, val_fraction=0.5)
     small = _csv(tmp_path / "s.csv", "u,i\na,1\na,2\n")
     with pytest.raises(MetaError, match="no task has 15 interactions"):
         prepare_file(small, {"user": "u", "item": "i"}, PrepareConfig(), tmp_path / "out")

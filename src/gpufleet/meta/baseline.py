@@ -19,7 +19,9 @@ def train_plain_baseline(loaded: Any, tasks: Path) -> Any:
     train = dict(loaded.meta.get("train", {}))
     fields = set(TrainConfig.__dataclass_fields__)
     kwargs = {k: v for k, v in train.items() if k in fields and k not in ("tasks", "output", "checkpoint_dir")}
-    kwargs.update(order="none", resume=False, progress=False, die_at_step=None)
+    kwargs.update(
+        order="none", adapt="all", learned_rates=False, memory=0, resume=False, progress=False, die_at_step=None
+    )
     for key in ("bottom", "top"):
         if key in kwargs:
             kwargs[key] = tuple(kwargs[key])

@@ -32,7 +32,7 @@ class BenchConfig:
     tasks: Path | None = None
     steps: int = 40
     accuracy: bool = True
-    epochs: int = 3
+    epochs: int = 30
     tasks_per_step: int = 32
     seed: int = 0
     model: str = "dlrm"

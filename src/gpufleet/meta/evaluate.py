@@ -18,9 +18,9 @@ from gpufleet.errors import MetaError
 from gpufleet.meta.checkpoint import load_exported
 from gpufleet.meta.dense import ModelConfig, build_model
 from gpufleet.meta.loader import TaskStore
-from gpufleet.meta.maml import MamlConfig, adapted_logits, dense_params
-from gpufleet.meta.metrics import RankingScores, score_tasks
-from gpufleet.meta.schema import TaskBatch
+from gpufleet.meta.maml import MamlConfig
+from gpufleet.meta.metrics import RankingScores
+from gpufleet.meta.scoring import score_store
 
 
 @dataclass
@@ -49,35 +49,22 @@ class LoadedModel:
         return cls(model=model, table=table, maml=maml, meta=meta)
 
 
-def _query_scores(loaded: LoadedModel, batch: TaskBatch, maml: MamlConfig) -> list[tuple[np.ndarray, np.ndarray]]:
-    t = torch.from_numpy
-    table = loaded.table[t(batch.unique_ids)]
-    sup = (t(batch.sup_idx), t(batch.sup_dense), t(batch.sup_label), t(batch.sup_mask))
-    logits = adapted_logits(
-        loaded.model, dense_params(loaded.model), table, sup, t(batch.qry_idx), t(batch.qry_dense), maml
-    ).numpy()
-    out = []
-    for i in range(batch.num_tasks):
-        mask = batch.qry_mask[i]
-        out.append((logits[i][mask], batch.qry_label[i][mask]))
-    return out
-
-
 def evaluate_model(
     loaded: LoadedModel, store: TaskStore, maml: MamlConfig | None = None, tasks_per_batch: int = 64
 ) -> RankingScores:
-    """Mean per-task AUC / NDCG@10 on ``store``'s tasks after k-shot adaptation with ``maml`` (default: as trained)."""
+    """Pooled AUC, GAUC and NDCG@10 on ``store``'s tasks after k-shot adaptation with ``maml`` (default: as
+    trained)."""
     maml = maml or loaded.maml
     if loaded.table.shape[0] != store.meta.num_rows:
         raise MetaError(
             f"the model's table has {loaded.table.shape[0]} rows but the tasks need "
             f"{store.meta.num_rows}: evaluate on the folder the model was trained on"
         )
-    per_task: list[tuple[np.ndarray, np.ndarray]] = []
-    for start in range(0, store.num_tasks, tasks_per_batch):
-        indices = np.arange(start, min(start + tasks_per_batch, store.num_tasks))
-        per_task.extend(_query_scores(loaded, store.batch(indices), maml))
-    return score_tasks(per_task)
+
+    def rows_of(ids: np.ndarray) -> torch.Tensor:
+        return loaded.table[torch.from_numpy(ids)]
+
+    return score_store(loaded.model, rows_of, store, maml, tasks_per_batch)
 
 
 def evaluate_with_baseline(model: LoadedModel, baseline: LoadedModel, store: TaskStore) -> dict[str, Any]:

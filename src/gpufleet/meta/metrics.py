@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.stats import rankdata
 
+SELECT_METRICS = ("auc", "gauc", "mean")
+
 
 def task_auc(scores: np.ndarray, labels: np.ndarray) -> float:
     """ROC AUC of one task's scores (NaN when the labels have a single class)."""
@@ -79,3 +81,10 @@ def score_tasks(per_task: list[tuple[np.ndarray, np.ndarray]]) -> RankingScores:
         ndcg_tasks=int(ok_ndcg.sum()),
         samples=int(sum(len(y) for _, y in per_task)),
     )
+
+
+def selection_score(scores: RankingScores, metric: str = "mean") -> float:
+    """The one number a choice is made on: pooled AUC, GAUC, or their mean (``mean``: neither a model that only
+    learns each task's base rate nor one that only re-ranks within tasks wins by itself). NaN counts as -inf."""
+    value = {"auc": scores.auc, "gauc": scores.gauc, "mean": 0.5 * (scores.auc + scores.gauc)}[metric]
+    return float("-inf") if np.isnan(value) else float(value)

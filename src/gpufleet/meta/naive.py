@@ -89,6 +89,7 @@ class NaiveTrainer(MetaTrainer):
         self.timer.reset()
         meta = self.store.meta
         start = time.perf_counter()
+        select = bool(cfg.patience) and self.val_store is not None
         for epoch in range(cfg.epochs):
             steps = plan_steps(self.store.sizes, cfg.tasks_per_step, self.world, cfg.seed, epoch)
             if cfg.max_steps is not None:
@@ -107,6 +108,11 @@ class NaiveTrainer(MetaTrainer):
                 stats.steps += 1
                 stats.tasks += len(tasks)
                 stats.samples += sum(len(sup[2]) + len(qry[2]) for sup, qry in tasks)
+            finished = len(steps) == len(plan_steps(self.store.sizes, cfg.tasks_per_step, self.world, cfg.seed, epoch))
+            if select and finished and not self._end_of_epoch(epoch + 1, stats):
+                break
+        if select:
+            self._restore_best()
         self._close_stats(stats, start)
         return stats
 

@@ -4,6 +4,8 @@ A task is every interaction of one value of the task column (a user by default).
 interactions by time (ties by file order) are the support set, the next ``query_size`` at most the query set;
 tasks with fewer than ``support_size + min_query`` interactions are dropped. A ``cold_fraction`` of the tasks is
 held out whole (``cold.parquet``) for cold-start evaluation: those whose first interaction is newest, or at random.
+A ``val_fraction`` of the tasks is held out whole the same way from the rest (``val.parquet``: the next newest),
+for every choice a trainer makes (epochs, inner rate and steps, variant); cold-start tasks are for the final score.
 
 Vocabularies: each sparse feature's codes are the 1-based ranks of its sorted distinct string values over ALL rows
 (train and cold tasks, dropped tasks too), so a cold task's items have embedding rows (untrained when only cold
@@ -28,9 +30,10 @@ import pyarrow.parquet as pq
 
 from gpufleet.errors import MetaError
 from gpufleet.meta.interactions import InteractionSpec, load_movielens_100k, read_interactions
-from gpufleet.meta.schema import COLD_FILE, META_FILE, TRAIN_FILE, SparseFeature, TaskMeta
+from gpufleet.meta.schema import COLD_FILE, META_FILE, TRAIN_FILE, VAL_FILE, SparseFeature, TaskMeta
 
 _MAX_REDRAWS = 64
+SPLIT_CODES = {"train": 0, "val": 1, "cold": 2}
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,7 @@ class PrepareConfig:
     min_query: int = 5
     cold_fraction: float = 0.2
     cold_by: str = "time"
+    val_fraction: float = 0.15
     neg_per_pos: int = 1
     label_threshold: float | None = None
     include_task_id_feature: bool = False
@@ -58,6 +62,8 @@ class PrepareConfig:
             (self.query_size >= 1, "query_size must be >= 1"),
             (1 <= self.min_query <= self.query_size, "min_query must be between 1 and query_size"),
             (0.0 <= self.cold_fraction < 1.0, "cold_fraction must be in [0, 1)"),
+            (0.0 <= self.val_fraction < 1.0, "val_fraction must be in [0, 1)"),
+            (self.cold_fraction + self.val_fraction < 1.0, "cold_fraction + val_fraction must be below 1"),
             (self.cold_by in ("time", "random"), "cold_by must be 'time' or 'random'"),
             (self.neg_per_pos >= 1, "neg_per_pos must be >= 1"),
         ]
@@ -75,10 +81,13 @@ class PrepareSummary:
     interactions: int
     tasks_train: int
     tasks_cold: int
+    tasks_val: int
     samples_train: int
     samples_cold: int
+    samples_val: int
     positive_rate_train: float
     positive_rate_cold: float
+    positive_rate_val: float
     dropped_tasks: int
     num_rows: int
     num_sparse: int
@@ -134,7 +143,7 @@ def prepare_tasks(
     spec: InteractionSpec | None = None,
     started: float | None = None,
 ) -> PrepareSummary:
-    """Cut a canonical interactions frame into tasks and write ``train.parquet``, ``cold.parquet``, ``meta.json``.
+    """Cut a canonical interactions frame into tasks; write ``train``/``val``/``cold.parquet`` and ``meta.json``.
 
     Without ``spec`` the frame holds only ``user``, ``item``, ``time`` and an optional 0/1 ``label``.
     The three files are overwritten, each written to a temporary name first and renamed.
@@ -230,7 +239,7 @@ def _task_meta(features: list[str], cards: list[int], spec: InteractionSpec) -> 
 
 
 def _task_table(work: pl.DataFrame, config: PrepareConfig) -> pl.DataFrame:
-    """One row per task: key, size, first time, kept flag, task_id (kept tasks by key order) and cold flag."""
+    """One row per task: key, size, first time, kept flag, task_id (kept tasks by key order) and split."""
     need = config.support_size + config.min_query
     tasks = (
         work.group_by("_task")
@@ -244,31 +253,35 @@ def _task_table(work: pl.DataFrame, config: PrepareConfig) -> pl.DataFrame:
             f"no task has {need} interactions (support_size {config.support_size} + min_query "
             f"{config.min_query}); the largest has {tasks['_n'].max()}; lower --support-size or --min-query"
         )
-    cold = _cold_flags(kept, config)
-    kept = kept.with_columns(pl.int_range(0, pl.len(), dtype=pl.Int64).alias("task_id"), pl.Series("_cold", cold))
-    return tasks.join(kept.select("_task", "task_id", "_cold"), on="_task", how="left")
+    split = _split_flags(kept, config)
+    kept = kept.with_columns(
+        pl.int_range(0, pl.len(), dtype=pl.Int64).alias("task_id"),
+        pl.Series("_split", split),
+    )
+    return tasks.join(kept.select("_task", "task_id", "_split"), on="_task", how="left")
 
 
-def _cold_flags(kept: pl.DataFrame, config: PrepareConfig) -> np.ndarray:
-    """Which kept tasks (in key order) are held out: the newest by first interaction, or a seeded random set."""
+def _split_flags(kept: pl.DataFrame, config: PrepareConfig) -> np.ndarray:
+    """Each kept task's split (``SPLIT_CODES``): the newest by first interaction (or a seeded random set) are
+    cold-start, the next newest validation, the rest training; at least one training task always remains."""
     n = kept.height
-    n_cold = min(round(config.cold_fraction * n), n - 1)
-    flags = np.zeros(n, dtype=bool)
-    if n_cold <= 0:
-        return flags
+    n_cold = max(0, min(round(config.cold_fraction * n), n - 1))
+    n_val = max(0, min(round(config.val_fraction * n), n - 1 - n_cold))
+    split = np.zeros(n, dtype=np.int8)
     if config.cold_by == "time":
         order = np.lexsort((np.arange(n), kept["_first"].to_numpy()))
     else:
         order = np.random.default_rng(config.seed).permutation(n)
-    flags[order[n - n_cold :]] = True
-    return flags
+    split[order[n - n_cold - n_val : n - n_cold]] = SPLIT_CODES["val"]
+    split[order[n - n_cold :]] = SPLIT_CODES["cold"]
+    return split
 
 
 def _select_samples(work: pl.DataFrame, kept: pl.DataFrame, config: PrepareConfig) -> pl.DataFrame:
     """Rows that become samples: per kept task, sorted by (time, file row), the first k + query_size."""
     k, q = config.support_size, config.query_size
     return (
-        work.join(kept.select("_task", "task_id", "_cold"), on="_task", how="inner")
+        work.join(kept.select("_task", "task_id", "_split"), on="_task", how="inner")
         .sort("task_id", "_time", "_row")
         .with_columns(pl.int_range(0, pl.len(), dtype=pl.Int64).over("task_id").alias("_pos"))
         .filter(pl.col("_pos") < k + q)
@@ -278,7 +291,7 @@ def _select_samples(work: pl.DataFrame, kept: pl.DataFrame, config: PrepareConfi
 
 def _dense_stats(samples: pl.DataFrame, spec: InteractionSpec) -> dict[str, tuple[float, float]]:
     """Mean and std (1 where 0 or unknown) of each standardised dense column over the train tasks' samples."""
-    train = samples.filter(~pl.col("_cold"))
+    train = samples.filter(pl.col("_split") == SPLIT_CODES["train"])
     stats = {}
     for j, col in enumerate(spec.dense):
         if col not in spec.standardise:
@@ -485,14 +498,14 @@ def _list(values: np.ndarray, counts: np.ndarray, dtype: pa.DataType) -> pa.Arra
 
 
 def _write(out_dir: Path, samples: _Samples, kept: pl.DataFrame, meta: TaskMeta) -> Path:
-    """Write both splits and meta.json to temporary names, then rename them into place."""
+    """Write the three splits and meta.json to temporary names, then rename them into place."""
     out_dir.mkdir(parents=True, exist_ok=True)
     offsets = np.array([f.offset for f in meta.sparse], np.int64)
-    cold_of_task = kept.sort("task_id")["_cold"].to_numpy()
+    split_of_task = kept.sort("task_id")["_split"].to_numpy()
     keys = kept.sort("task_id")["_task"].to_list()
     staged = []
-    for name, cold in ((TRAIN_FILE, False), (COLD_FILE, True)):
-        wanted = np.flatnonzero(cold_of_task == cold)
+    for name, code in ((TRAIN_FILE, 0), (VAL_FILE, 1), (COLD_FILE, 2)):
+        wanted = np.flatnonzero(split_of_task == code)
         rows = np.flatnonzero(np.isin(samples.task, wanted))
         table = _split_table(samples, rows, wanted.astype(np.int64), [keys[i] for i in wanted], offsets)
         tmp = out_dir / f".{name}.tmp"
@@ -509,12 +522,13 @@ def _write(out_dir: Path, samples: _Samples, kept: pl.DataFrame, meta: TaskMeta)
 # ---------------------------------------------------------------------------------------------- info and summary
 
 
-def _split_counts(samples: _Samples, cold_tasks: np.ndarray) -> dict[str, dict[str, Any]]:
-    is_cold = np.isin(samples.task, cold_tasks)
+def _split_counts(samples: _Samples, split_of_task: np.ndarray) -> dict[str, dict[str, Any]]:
+    split = split_of_task[samples.task]
     out = {}
-    for split, mask in (("train", ~is_cold), ("cold", is_cold)):
+    for name, code in SPLIT_CODES.items():
+        mask = split == code
         labels = samples.label[mask]
-        out[split] = {
+        out[name] = {
             "support": int((mask & (samples.set == 0)).sum()),
             "query": int((mask & (samples.set == 1)).sum()),
             "positive_rate": round(float(labels.mean()), 6) if labels.size else 0.0,
@@ -532,8 +546,9 @@ def _info(
     stats: dict[str, tuple[float, float]],
     neg_info: dict[str, Any],
 ) -> dict[str, Any]:
-    cold_tasks = kept.filter(pl.col("_cold"))["task_id"].to_numpy()
-    counts = _split_counts(samples, cold_tasks)
+    split_of_task = kept.sort("task_id")["_split"].to_numpy()
+    counts = _split_counts(samples, split_of_task)
+    n_split = {name: int((split_of_task == code).sum()) for name, code in SPLIT_CODES.items()}
     info: dict[str, Any] = {
         "source": spec.source,
         "label_rule": spec.label_rule,
@@ -541,12 +556,12 @@ def _info(
         "implicit": spec.implicit,
         "config": asdict(config),
         "interactions": frame.height,
-        "tasks": {"train": kept.height - cold_tasks.size, "cold": int(cold_tasks.size)},
+        "tasks": n_split,
         "dropped_tasks": tasks.height - kept.height,
         "dropped_rule": f"fewer than support_size + min_query = {config.support_size + config.min_query} interactions",
         "samples": counts,
         "vocabulary": "codes are 1-based ranks of each feature's sorted distinct string values over all rows "
-        "(train, cold and dropped tasks); code 0 = missing",
+        "(train, val, cold and dropped tasks); code 0 = missing",
         "dense_standardised": {c: {"mean": m, "std": s} for c, (m, s) in stats.items()},
     }
     if spec.implicit:
@@ -568,10 +583,13 @@ def _summary(
         interactions=frame.height,
         tasks_train=info["tasks"]["train"],
         tasks_cold=info["tasks"]["cold"],
+        tasks_val=info["tasks"]["val"],
         samples_train=samples["train"]["support"] + samples["train"]["query"],
         samples_cold=samples["cold"]["support"] + samples["cold"]["query"],
+        samples_val=samples["val"]["support"] + samples["val"]["query"],
         positive_rate_train=samples["train"]["positive_rate"],
         positive_rate_cold=samples["cold"]["positive_rate"],
+        positive_rate_val=samples["val"]["positive_rate"],
         dropped_tasks=info["dropped_tasks"],
         num_rows=meta.num_rows,
         num_sparse=meta.num_sparse,

@@ -1,8 +1,9 @@
 """The task-record format shared by ``prepare`` (writer), the Meta-IO loader and the trainers (readers).
 
-A prepared folder holds ``train.parquet`` and ``cold.parquet`` (tasks held out whole, for cold-start
-evaluation) plus ``meta.json``. Each Parquet row is one task; each sample set is stored flattened row-major so
-that a task converts to NumPy without per-sample Python objects:
+A prepared folder holds ``train.parquet``, ``val.parquet`` (tasks held out whole, for every choice made in
+training: epochs, inner rate and steps, variant) and ``cold.parquet`` (tasks held out whole, scored once, for
+cold-start evaluation) plus ``meta.json``. Each Parquet row is one task; each sample set is stored flattened
+row-major so that a task converts to NumPy without per-sample Python objects:
 
 - ``task_id`` int64, ``task_key`` string (the original key: user id, item id, ...)
 - ``support_sparse`` list<int64>: n_support × F global embedding-row ids (feature offsets already added)
@@ -24,6 +25,7 @@ import numpy as np
 
 TRAIN_FILE = "train.parquet"
 COLD_FILE = "cold.parquet"
+VAL_FILE = "val.parquet"
 META_FILE = "meta.json"
 SETS = ("support", "query")
 COLUMNS = ("sparse", "dense", "label")

@@ -5,6 +5,10 @@ deduplicated ids once (one all-to-all round trip to the shards that own them), r
 at once (vmap, no communication), and backpropagates the query losses. Embedding gradients return to their
 owners through the all-to-all's backward; dense gradients are summed with ONE all-reduce per step. The losses
 are scaled by the global number of tasks per step, so 1, 2 or 4 ranks compute the same update.
+
+Model selection uses the prepared folder's validation tasks only: after every epoch all ranks score the same
+validation tasks (after k-shot adaptation), so they take the same decision; the weights of the best epoch are kept
+and training stops after ``patience`` epochs without improvement (``epochs`` is then the most it may run).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from gpufleet.errors import MetaError
@@ -25,7 +30,21 @@ from gpufleet.meta.dense import ModelConfig, build_model
 from gpufleet.meta.embedding import ShardedEmbedding
 from gpufleet.meta.loader import MetaLoader, TaskStore
 from gpufleet.meta.maml import MamlConfig, dense_params, task_losses
-from gpufleet.meta.schema import TaskBatch
+from gpufleet.meta.metrics import SELECT_METRICS, RankingScores, selection_score
+from gpufleet.meta.schema import VAL_FILE, TaskBatch
+from gpufleet.meta.scoring import score_store
+
+_VAL_FIX = "prepare the folder again (gpufleet meta prepare writes val.parquet), or pass --patience 0"
+
+
+def _open_val(config: TrainConfig) -> TaskStore | None:
+    """The validation split, when the folder has one; a folder without it is an error only if selection is on."""
+    if (Path(config.tasks) / VAL_FILE).is_file():
+        store = TaskStore.open(config.tasks, "val")
+        return store if store.num_tasks else None
+    if config.patience:
+        raise MetaError(f"{config.tasks}: no {VAL_FILE} to choose the epochs on; {_VAL_FIX}")
+    return None
 
 
 @dataclass
@@ -42,7 +61,13 @@ class TrainConfig:
     inner_lr: float = 0.1
     inner_steps: int = 1
     adapt_embeddings: bool = False
-    epochs: int = 3
+    support_weight: float = 0.5
+    adapt: str = "all"
+    learned_rates: bool = False
+    memory: int = 0
+    epochs: int = 30
+    patience: int | None = 3
+    select: str = "mean"
     tasks_per_step: int = 32
     outer_lr: float = 2e-3
     emb_lr: float = 0.05
@@ -65,6 +90,10 @@ class TrainConfig:
             emb_dim=self.emb_dim,
             bottom=tuple(self.bottom),
             top=tuple(self.top),
+            adapt=self.adapt,
+            learned_rates=self.learned_rates,
+            rate_init=self.inner_lr,
+            memory=self.memory,
         )
 
     def maml_config(self) -> MamlConfig:
@@ -73,6 +102,7 @@ class TrainConfig:
             inner_lr=self.inner_lr,
             inner_steps=self.inner_steps,
             adapt_embeddings=self.adapt_embeddings,
+            support_weight=self.support_weight,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -80,6 +110,18 @@ class TrainConfig:
         for key in ("tasks", "output", "checkpoint_dir"):
             data[key] = None if data[key] is None else str(data[key])
         return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TrainConfig:
+        """The inverse of ``to_json`` (fields it does not know are ignored: older exports)."""
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        for key in ("tasks", "output", "checkpoint_dir"):
+            if known.get(key) is not None:
+                known[key] = Path(known[key])
+        for key in ("bottom", "top"):
+            if key in known:
+                known[key] = tuple(known[key])
+        return cls(**known)
 
 
 @dataclass
@@ -98,6 +140,9 @@ class TrainStats:
     comm: dict[str, Any] = field(default_factory=dict)
     final_loss: float = float("nan")
     start_step: int = 0
+    val_history: list[dict[str, Any]] = field(default_factory=list)
+    best_epoch: int | None = None
+    best_score: float = float("nan")
 
 
 def batch_tensors(batch: TaskBatch) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
@@ -116,7 +161,12 @@ class MetaTrainer:
         self.world, self.rank = world_and_rank()
         if config.tasks_per_step < 1:
             raise MetaError("--tasks-per-step must be at least 1")
+        if config.order == "none" and (config.memory or config.learned_rates):
+            raise MetaError("--memory and --maml meta-sgd need meta-learning: they do not combine with --maml none")
+        if config.select not in SELECT_METRICS:
+            raise MetaError(f"--select {config.select!r}: choose one of {', '.join(SELECT_METRICS)}")
         self.store = TaskStore.open(config.tasks, "train")
+        self.val_store = _open_val(config)
         self.model_config = config.model_config(self.store)
         self.maml = config.maml_config()
         self.model = build_model(self.model_config, seed=config.seed)
@@ -124,6 +174,44 @@ class MetaTrainer:
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.outer_lr, fused=True)
         self.step = 0
         self.timer = default_timer()
+        self._best: dict[str, Any] | None = None
+
+    # ------------------------------------------------------------------ validation and early stopping
+    def validate(self) -> RankingScores:
+        """Scores on the validation tasks after k-shot adaptation; a collective, the same figures on every rank."""
+        if self.val_store is None:
+            raise MetaError(f"{self.config.tasks}: no validation split; {_VAL_FIX}")
+
+        def rows_of(ids: np.ndarray) -> torch.Tensor:
+            return self.embedding.lookup(torch.from_numpy(ids))
+
+        with torch.no_grad():
+            return score_store(self.model, rows_of, self.val_store, self.maml)
+
+    def _end_of_epoch(self, epoch: int, stats: TrainStats) -> bool:
+        """Score the validation tasks, keep the best epoch's weights; False once ``patience`` epochs did not improve."""
+        scores = self.validate()
+        score = selection_score(scores, self.config.select)
+        stats.val_history.append({"epoch": epoch, "score": score, **scores.to_json()})
+        if self._best is None or score > self._best["score"]:
+            self._best = {
+                "score": score,
+                "epoch": epoch,
+                "dense": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
+                "rows": self.embedding.weight.detach().clone(),
+                "adagrad": self.embedding.adagrad_sum.clone(),
+            }
+        stats.best_epoch, stats.best_score = self._best["epoch"], self._best["score"]
+        return epoch - self._best["epoch"] < (self.config.patience or 0)
+
+    def _restore_best(self) -> None:
+        """Put the best validation epoch's weights back (dense layers and this rank's rows)."""
+        if self._best is None:
+            return
+        self.model.load_state_dict(self._best["dense"])
+        with torch.no_grad():
+            self.embedding.weight.copy_(self._best["rows"])
+            self.embedding.adagrad_sum.copy_(self._best["adagrad"])
 
     # ------------------------------------------------------------------ checkpoints
     def restore(self) -> bool:
@@ -223,11 +311,15 @@ class MetaTrainer:
         bar = _progress_bar(total, self.step, enabled=cfg.progress and self.rank == 0)
         self.timer.reset()
         start = time.perf_counter()
+        select = bool(cfg.patience) and self.val_store is not None
         while self.step < total:
             epoch, skip = divmod(self.step, per_epoch)
             loader.set_epoch(epoch)
-            if not self._run_epoch(loader, skip, total, stats, bar):
+            self._run_epoch(loader, skip, total, stats, bar)
+            if select and self.step % per_epoch == 0 and not self._end_of_epoch(epoch + 1, stats):
                 break
+        if select:
+            self._restore_best()
         self._close_stats(stats, start)
         if bar is not None:
             bar.close()

@@ -37,11 +37,42 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--maml",
         default="first-order",
-        choices=["first-order", "second-order", "none"],
-        help="first-order (FOMAML), second-order (through the inner update), or none (plain model)",
+        choices=["first-order", "second-order", "meta-sgd", "none"],
+        help="first-order (FOMAML), second-order (through the inner update), meta-sgd (first order with a learned "
+        "inner rate per adapted weight), or none (plain model)",
     )
     p.add_argument(
-        "--epochs", type=int, default=3, help="passes over the training tasks (MovieLens-100k overfits past about 5)"
+        "--adapt",
+        default="all",
+        choices=["all", "decision", "last"],
+        help="what the inner loop adapts: every layer, the decision layers only (MeLU), or the last layer; the "
+        "rest is shared",
+    )
+    p.add_argument(
+        "--memory", type=int, default=0, help="task memory width (TaNP/MAMO-style support-set encoder); 0 = none"
+    )
+    p.add_argument(
+        "--support-weight",
+        type=float,
+        default=0.5,
+        help="weight of the un-adapted model's support loss in the outer loss (the shared layers also learn "
+        "from the support samples)",
+    )
+    p.add_argument("--epochs", type=int, default=30, help="most passes over the training tasks")
+    p.add_argument(
+        "--patience",
+        type=int,
+        default=3,
+        help="stop after this many epochs without a better validation score and keep the best epoch (0 = off)",
+    )
+    p.add_argument(
+        "--select", default="mean", choices=["auc", "gauc", "mean"], help="validation score: AUC, GAUC or their mean"
+    )
+    p.add_argument(
+        "--grid",
+        default=None,
+        help="choose settings on the validation tasks, e.g. 'inner_lr=0.03,0.1,0.3;inner_steps=1,2'; the best "
+        "point's model is written to -o",
     )
     p.add_argument("--tasks-per-step", type=int, default=32, help="tasks per meta-step over ALL ranks")
     p.add_argument("--inner-lr", type=float, default=0.1)
@@ -68,7 +99,7 @@ def config_from_args(args: argparse.Namespace):
     """Parsed flags -> TrainConfig."""
     from gpufleet.meta.trainer import TrainConfig
 
-    order = {"first-order": "first", "second-order": "second", "none": "none"}[args.maml]
+    order = {"first-order": "first", "second-order": "second", "meta-sgd": "first", "none": "none"}[args.maml]
     return TrainConfig(
         tasks=args.tasks,
         output=args.output,
@@ -80,7 +111,13 @@ def config_from_args(args: argparse.Namespace):
         inner_lr=args.inner_lr,
         inner_steps=args.inner_steps,
         adapt_embeddings=args.adapt_embeddings,
+        support_weight=args.support_weight,
+        adapt=args.adapt,
+        learned_rates=args.maml == "meta-sgd",
+        memory=args.memory,
         epochs=args.epochs,
+        patience=args.patience or None,
+        select=args.select,
         tasks_per_step=args.tasks_per_step,
         outer_lr=args.outer_lr,
         emb_lr=args.emb_lr,
@@ -105,6 +142,34 @@ def init_distributed() -> None:
         dist.init_process_group(backend=backend)
 
 
+def _run_grid(args: argparse.Namespace, config) -> int:
+    """Train every grid point on all ranks (each a collective run), keep the best on validation, export it."""
+    import dataclasses
+
+    from gpufleet.meta.trainer import MetaTrainer
+    from gpufleet.meta.tune import grid_points, parse_grid
+
+    if args.trainer != "gmeta":
+        raise GpufleetError("--grid runs the gmeta trainer; drop --trainer naive")
+    if not config.patience:
+        raise GpufleetError("--grid is chosen on the validation tasks: it needs --patience >= 1")
+    best_score, rows = float("-inf"), []
+    for settings in grid_points(parse_grid(args.grid)):
+        trainer = MetaTrainer(dataclasses.replace(config, **settings))
+        stats = trainer.fit()
+        rows.append((settings, stats.best_score, stats.best_epoch))
+        if stats.best_score > best_score:
+            best_score = stats.best_score
+            if args.output is not None:
+                trainer.export(args.output)
+        if trainer.rank == 0:
+            print(f"{settings}: validation {stats.best_score:.4f} (epoch {stats.best_epoch})", file=sys.stderr)
+    best = max(rows, key=lambda r: r[1])
+    if trainer.rank == 0:
+        print(f"best on validation: {best[0]} ({best[1]:.4f}); model -> {args.output}", file=sys.stderr)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -119,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
         from gpufleet.meta.trainer import MetaTrainer, gather_stats, write_stats
 
         config = config_from_args(args)
+        if args.grid is not None:
+            return _run_grid(args, config)
         if args.trainer == "naive":
             from gpufleet.meta.naive import NaiveTrainer
 
