@@ -81,6 +81,13 @@ class SoftwareConstants(BaseModel):
     memory_reserve_gb: float = Field(ge=0)
     ep_overlap_exposed: float = Field(default=0.25, ge=0, le=1)
     overlap_comm_sm_share: float = Field(default=0.15, ge=0, lt=1)
+    revision: int = Field(
+        default=1,
+        ge=1,
+        le=2,
+        description="model structure: 1 as frozen for the simulator's job speeds; 2 adds per-op activation "
+        "inventories, per-stage pipeline memory and GiB capacities",
+    )
 
 
 class StackConstants(BaseModel):

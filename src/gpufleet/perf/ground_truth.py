@@ -390,6 +390,9 @@ def _recompute(text: str | None) -> tuple[str, ...]:
     return ("none",)
 
 
+_MEMORY_RECIPE = ("selective_policy", "fp8_cache", "schedule", "lean_activations", "optimizer_bytes")
+
+
 def _row_options(source: _Source, row: dict[str, str | None], tp: int, pp: int, stack: str | None) -> dict[str, Any]:
     """The source's training options, with what the row itself says: fp8, torch.compile, async TP, the stack."""
     opts = dict(source.options)
@@ -403,6 +406,11 @@ def _row_options(source: _Source, row: dict[str, str | None], tp: int, pp: int, 
         opts["reshard_after_forward"] = pp == 1  # torchtitan keeps weights gathered across micro-batches with PP
     if stack:
         opts["stack"] = stack
+        from gpufleet.perf.stacks import get_stack
+
+        # the stack's memory recipe (what it keeps for the backward, its schedule, its optimizer state)
+        recipe = {k: v for k, v in get_stack(stack).options.items() if k in _MEMORY_RECIPE}
+        opts = {**recipe, **opts}
     return opts
 
 

@@ -6,7 +6,8 @@ ZeRO-2; 18/d with ZeRO-3 / FSDP). Activations follow Korthikanti et al. 2022: fo
 ``s·b·h·(34 + 5·a·s/h)`` bytes per layer without parallelism, the ``34`` part split by TP under
 sequence parallelism, the ``5·a·s/h`` score part gone with selective recompute or flash attention,
 ``2·s·b·h`` with full recompute; the first pipeline stage holds ``p`` micro-batches in flight, times
-``1 + (p-1)/(p·v)`` when interleaved.
+``1 + (p-1)/(p·v)`` when interleaved. ``activation_inventory`` and ``in_flight_stages`` are revision 2 of
+that model (per op and per pipeline rank; see their docstrings); revision 1 stays for the simulator.
 """
 
 from __future__ import annotations
@@ -15,7 +16,13 @@ import numpy as np
 
 from gpufleet.perf.model_spec import ModelSpec
 
-__all__ = ["activation_bytes_per_token_layer", "state_bytes_per_param"]
+__all__ = [
+    "activation_bytes_per_token_layer",
+    "activation_inventory",
+    "in_flight_stages",
+    "op_sac_recompute_share",
+    "state_bytes_per_param",
+]
 
 
 def activation_bytes_per_token_layer(
@@ -39,13 +46,120 @@ def activation_bytes_per_token_layer(
     return np.select([code == 0, code == 1], [none, selective], default=full)
 
 
-def state_bytes_per_param(zero: int, dp: np.ndarray) -> np.ndarray:
-    """Bytes per parameter of weights + gradients + Adam states with bf16 weights and fp32 master copy."""
+def state_bytes_per_param(zero: int, dp: np.ndarray, optimizer_bytes: float = 12.0) -> np.ndarray:
+    """Bytes per parameter of weights + gradients + Adam states with bf16 weights and fp32 gradients;
+    ``optimizer_bytes`` is the fp32 master copy and the two moments (12; 8 with bf16 moments, DeepSeek-V3)."""
     d = np.asarray(dp, dtype=float)
+    ob = float(optimizer_bytes)
     if zero == 0:
-        return np.full_like(d, 18.0)
+        return np.full_like(d, 6.0 + ob)
     if zero == 1:
-        return 6.0 + 12.0 / d
+        return 6.0 + ob / d
     if zero == 2:
-        return 2.0 + 16.0 / d
-    return 18.0 / d
+        return 2.0 + (4.0 + ob) / d
+    return (6.0 + ob) / d
+
+
+def _mlp_bytes(width: float, glu: bool, lin: float, lean: bool) -> float:
+    """Bytes per token one MLP of ``width`` keeps, beyond its input: fc1 output(s) and the fc2 input."""
+    fc1_out = (2.0 if glu else 1.0) * width
+    if lean:  # DeepSeek-V3: the SwiGLU input is cached in fp8 and its output recomputed
+        return fc1_out * 1.0
+    return fc1_out * 2.0 + width * lin
+
+
+def op_sac_recompute_share(model: ModelSpec) -> float:
+    """Share of a dense layer's matmul FLOPs that torchtitan's op-level selective checkpointing recomputes.
+
+    Its policy saves every other matmul output (1st, 3rd, ...) and the attention output of each block and
+    recomputes the rest (torchtitan ``_apply_ac_to_transformer_block``, ``selective_ac_option = "op"``).
+    """
+    h, f, kv = float(model.hidden), float(model.ffn), float(model.kv_width)
+    mms = [h * h, h * kv, h * kv, h * h, h * f] + ([h * f, f * h] if model.glu else [f * h])
+    return sum(mms[1::2]) / sum(mms)
+
+
+def _op_sac_bytes(model: ModelSpec) -> float:
+    """Bytes per token of one layer under op-level selective checkpointing: its input, the saved matmul
+    outputs (every other one) and the attention output."""
+    h, f, kv = float(model.hidden), float(model.ffn), float(model.kv_width)
+    outs = [h, kv, kv, h, f] + ([f, h] if model.glu else [h])
+    return 2.0 * h + 2.0 * sum(outs[0::2]) + 2.0 * h
+
+
+def activation_inventory(
+    model: ModelSpec,
+    seq: int,
+    tp: np.ndarray,
+    recompute_code: np.ndarray,
+    sequence_parallel: bool,
+    flash: bool,
+    *,
+    fp8_cache: bool = False,
+    lean: bool = False,
+    selective_policy: str = "attention",
+) -> np.ndarray:
+    """Bytes one layer keeps for the backward pass, per token of a micro-batch, on one TP rank (revision 2).
+
+    Korthikanti et al. 2022's per-tensor inventory, op by op, with what current stacks do differently:
+    no dropout masks for models trained without dropout; routed experts keep top-k copies of their
+    activations (dispatched input, fc1 output, fc2 input, output for the weighted combine) and shared
+    experts their own; latent attention keeps its compressed latents and per-head Q, K, V; with fp8
+    (``fp8_cache``, Transformer Engine) linear-layer inputs are kept in fp8; ``lean`` is DeepSeek-V3's recipe
+    (norms and latent up-projections recomputed, SwiGLU output recomputed from its fp8 input, attention
+    output in E5M6); selective recompute is either the attention core or torchtitan's per-op policy.
+    """
+    h = float(model.hidden)
+    tp = np.asarray(tp, dtype=float)
+    lin = 1.0 if fp8_cache else 2.0
+    sp = np.where(sequence_parallel, tp, 1.0)
+    masks = 2.0 * h if model.dropout else 0.0  # attention and MLP dropout masks, one byte each
+    # replicated across TP (split by it under sequence parallelism): norm inputs and outputs (= linear inputs)
+    norm_out = 0.0 if lean else 2.0 * lin * h
+    replicated = 2.0 * 2.0 * h + norm_out + masks
+    if model.is_mla:
+        qk = float((model.qk_nope_dim or 0) + (model.qk_rope_dim or 0))
+        o_width = model.heads * float(model.v_head_dim or 0)
+        latents = float((model.q_lora_rank or 0) + (model.kv_lora_rank or 0) + (model.qk_rope_dim or 0))
+        qkv = 0.0 if lean else 2.0 * model.heads * 2.0 * qk + 2.0 * o_width
+        replicated = replicated + latents * (1.0 if lean else lin + 2.0)  # latents: up-projection input (+ norm)
+    else:
+        o_width = h
+        qkv = 2.0 * (h + 2.0 * model.kv_width)
+    # E5M6 in DeepSeek-V3's recipe; with Transformer Engine fp8 the out-projection keeps its own fp8 copy
+    attn_out = 1.5 * o_width if lean else (2.0 + (lin if fp8_cache else 0.0)) * o_width
+    dense_mlp = _mlp_bytes(float(model.ffn), model.glu, lin, lean)
+    if model.is_moe:
+        ew = float(model.expert_width)
+        per_copy = lin * h + _mlp_bytes(ew, model.glu, lin, lean) + 2.0 * h  # dispatched input, MLP, output
+        routed = model.top_k * (model.capacity_factor or 1.0) * per_copy
+        shared = model.shared_experts * _mlp_bytes(ew, model.glu, lin, lean)
+        frac = model.moe_layers / model.layers
+        mlp = frac * (routed + shared) + (1.0 - frac) * dense_mlp
+    else:
+        mlp = dense_mlp
+    sharded = qkv + attn_out + mlp
+    body = replicated / sp + sharded / tp
+    scores = 0.0 if flash else 5.0 * model.heads * seq / tp
+    code = np.asarray(recompute_code)
+    op_policy = selective_policy == "op" and not model.is_moe
+    selective = _op_sac_bytes(model) / tp + 0.0 * body if op_policy else body
+    full = 2.0 * h / sp
+    return np.select([code == 0, code == 1], [body + scores, selective], default=full)
+
+
+def in_flight_stages(pp: np.ndarray, vp: np.ndarray, m: np.ndarray, rank: int, dualpipe: bool = False) -> np.ndarray:
+    """Micro-batches of activations (in units of the rank's whole stage) that pipeline ``rank`` holds at peak.
+
+    Interleaved 1F1B (Megatron): ``2·(p-1-rank) + (v-1)·p + 1`` chunk-forwards run before the rank's first
+    backward, each holding ``1/v`` of its stage; plain 1F1B: ``p - rank``; never more than the step's
+    micro-batches. DualPipe holds ``p + 1`` (DeepSeek-V3 Table 2).
+    """
+    pp, vp, m = (np.asarray(x, dtype=float) for x in (pp, vp, m))
+    r = np.minimum(float(rank), pp - 1.0) if rank >= 0 else pp - 1.0
+    interleaved = np.minimum(m * vp, 2.0 * (pp - 1.0 - r) + (vp - 1.0) * pp + 1.0) / vp
+    plain = np.minimum(m, pp - r)
+    out = np.where(vp > 1, interleaved, plain)
+    if dualpipe:
+        out = np.minimum(m, pp + 1.0)
+    return np.where(pp > 1, out, 1.0)

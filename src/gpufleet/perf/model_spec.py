@@ -40,6 +40,7 @@ class ModelSpec(BaseModel):
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"
     position: Literal["learned", "rope", "alibi"] = "learned"
     tied_embeddings: bool = Field(default=True, description="the output layer reuses the input embedding")
+    dropout: bool = Field(default=True, description="trained with dropout (its masks are kept for the backward pass)")
     # --- mixture of experts (experts = 0: a dense model) ---
     experts: int = Field(default=0, ge=0, description="routed experts per MoE layer; 0 = dense MLP everywhere")
     top_k: int = Field(default=1, gt=0, description="routed experts each token visits")

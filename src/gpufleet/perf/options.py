@@ -45,6 +45,25 @@ class TrainOptions(BaseModel):
     reshard_after_forward: bool = Field(
         default=True, description="FSDP: free gathered weights after forward and gather them again for backward"
     )
+    selective_policy: Literal["attention", "op"] = Field(
+        default="attention",
+        description="what selective recompute recomputes: the attention core (Megatron, Korthikanti 2022) or, per op, "
+        "every other matmul and the elementwise ops (torchtitan's op-level selective activation checkpointing)",
+    )
+    fp8_cache: bool = Field(
+        default=True, description="fp8 runs keep linear-layer inputs in fp8 for the backward (Transformer Engine)"
+    )
+    schedule: Literal["1f1b", "dualpipe"] = Field(
+        default="1f1b", description="pipeline schedule: (interleaved) 1F1B, or DualPipe (DeepSeek-V3 section 3.2.2)"
+    )
+    lean_activations: bool = Field(
+        default=False,
+        description="recompute norms, latent-attention up-projections and SwiGLU outputs in backward, keep "
+        "attention outputs in 1.5 bytes (DeepSeek-V3 sections 3.2.3 and 3.3.2)",
+    )
+    optimizer_bytes: float = Field(
+        default=12.0, gt=0, description="optimizer bytes per parameter: fp32 master + Adam moments (8: bf16 moments)"
+    )
 
     @classmethod
     def megascale(cls, **overrides: object) -> TrainOptions:

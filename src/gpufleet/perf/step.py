@@ -33,7 +33,13 @@ from gpufleet.perf.flops import (
     param_count,
     params_per_layer,
 )
-from gpufleet.perf.memory import activation_bytes_per_token_layer, state_bytes_per_param
+from gpufleet.perf.memory import (
+    activation_bytes_per_token_layer,
+    activation_inventory,
+    in_flight_stages,
+    op_sac_recompute_share,
+    state_bytes_per_param,
+)
 from gpufleet.perf.model_spec import ModelSpec
 from gpufleet.perf.options import Layout, TrainOptions
 from gpufleet.perf.stacks import resolve_stack
@@ -209,7 +215,13 @@ def evaluate(
         t_fwd = t_fwd / np.where(ep > 1, 1.0 - sw.overlap_comm_sm_share, 1.0)
     if stack_constants is not None:  # the stack reaches this share of the reference stack's compute rate
         t_fwd = t_fwd / stack_constants.compute
-    t_recompute = np.select([rc == 2, rc == 1], [t_fwd, t_attn], default=0.0)
+    if opt.selective_policy == "op" and not moe:  # torchtitan's per-op policy: every other matmul and the elementwise
+        t_selective = op_sac_recompute_share(model) * t_gemm + t_elem
+        if stack_constants is not None:
+            t_selective = t_selective / stack_constants.compute
+    else:
+        t_selective = t_attn
+    t_recompute = np.select([rc == 2, rc == 1], [t_fwd, t_selective], default=0.0)
     # kernel launches and host-side gaps of one layer's forward + backward (matter for small layers)
     t_layer_compute = 3.0 * t_fwd + t_recompute + sw.layer_overhead_us * 1e-6
 
@@ -240,13 +252,18 @@ def evaluate(
     # from its first and last stages; Megatron-Core's --decoder-last-pipeline-num-layers)
     layers_per_stage = np.ceil(model.layers / (pp * vp)) * vp
     empty_slots = np.where(pp > 1, layers_per_stage * pp - model.layers, 0.0)
+    rev2 = sw.revision >= 2
+    # revision 2: with two or more empty slots, the first stage (embedding, most micro-batches in flight) gives up
+    # one layer and the last stage the rest (Llama 3 section 3.3.2 drops one layer from each)
+    first_shed = np.where(rev2 & (empty_slots >= 2), 1.0, 0.0)
     t_logits = 3.0 * logit_flops_per_token(model) * tok / tp / gemm_rate + 3.0 * 8.0 * vocab * tok / tp / mem_rate
     if stack_constants is not None:
         t_logits = t_logits / stack_constants.compute
     # expert-parallel dispatch and combine, averaged over layers like the MoE FLOPs
     ep_layer = _ep_all_to_all(model, opt, sw, tok / tp, ep, tp * cp, system, intra_bw, nic_bw, rc) if moe else 0.0
     layer_t = t_layer_compute + tp_layer + cp_layer + ep_layer
-    shed = np.clip(empty_slots, 0.0, layers_per_stage - vp)
+    # revision 2 lets the last chunk hold the output layer alone, as Llama 3's does
+    shed = np.clip(empty_slots - first_shed, 0.0, layers_per_stage - vp + (1.0 if rev2 else 0.0))
     last_slowest = (layers_per_stage - shed) * layer_t + t_logits >= layers_per_stage * layer_t
     slow_layers = np.where(last_slowest, layers_per_stage - shed, layers_per_stage)
     compute_mb = slow_layers * t_layer_compute + np.where(last_slowest, t_logits, 0.0)
@@ -352,14 +369,19 @@ def evaluate(
         step = step + ep_comm
 
     # --- memory per GPU on the first stage (most micro-batches in flight) ---
-    states = stage_params / tp * state_bytes_per_param(opt.zero, n_dp)
+    ob = opt.optimizer_bytes if rev2 else 12.0
+    states = stage_params / tp * state_bytes_per_param(opt.zero, n_dp, ob)
     if moe:
-        states = params_gpu * state_bytes_per_param(opt.zero, n_dp) + expert_gpu * state_bytes_per_param(
-            opt.zero, np.maximum(n_dp / ep, 1.0)
+        states = params_gpu * state_bytes_per_param(opt.zero, n_dp, ob) + expert_gpu * state_bytes_per_param(
+            opt.zero, np.maximum(n_dp / ep, 1.0), ob
         )
+    dualpipe = rev2 and opt.schedule == "dualpipe"
+    if dualpipe:  # DualPipe keeps two copies of the parameters (DeepSeek-V3 Table 2): each rank holds two stages
+        states = 2.0 * states
     if opt.zero == 3:  # FSDP holds the gathered weights of about two layers (current and prefetched)
         states = states + 2.0 * 2.0 * (stage_params - stage_experts) / tp / layers_per_stage
     act_tok = activation_bytes_per_token_layer(model, s, tp, rc, opt.sequence_parallel, opt.flash_attention)
+    m = gbs / (dp * mbs)
     # 1F1B: the first stage holds p micro-batches; interleaved (v > 1): p + (p-1)/v (Korthikanti 2022)
     in_flight = np.where(pp > 1, np.minimum(m, pp) + np.where(vp > 1, (pp - 1.0) / vp, 0.0), 1.0)
     activations = act_tok * tok * layers_per_stage * in_flight
@@ -368,8 +390,39 @@ def evaluate(
     )
     activations = activations + np.where(rc == 2, full_layer * tok, 0.0)  # the layer being recomputed
     logits_mem = 10.0 * vocab * tok / tp  # bf16 logits + fp32 softmax of the last stage
+    if rev2:  # per pipeline rank: the first, the second (full stage, two fewer chunk-forwards) and the last
+        inv = activation_inventory(
+            model,
+            s,
+            tp,
+            rc,
+            opt.sequence_parallel,
+            opt.flash_attention,
+            fp8_cache=opt.precision == "fp8" and opt.fp8_cache,
+            lean=opt.lean_activations,
+            selective_policy=opt.selective_policy,
+        )
+        per_layer = inv * tok
+        first = per_layer * (layers_per_stage - first_shed) * in_flight_stages(pp, vp, m, 0, dualpipe)
+        second = np.where(pp > 2, per_layer * layers_per_stage * in_flight_stages(pp, vp, m, 1, dualpipe), 0.0)
+        last = per_layer * (layers_per_stage - shed) * in_flight_stages(pp, vp, m, -1, dualpipe)
+        activations = np.where(pp > 1, np.maximum(np.maximum(first, second), last + logits_mem), first + logits_mem)
+        whole = activation_inventory(
+            model,
+            s,
+            tp,
+            np.zeros_like(rc),
+            opt.sequence_parallel,
+            opt.flash_attention,
+            fp8_cache=opt.precision == "fp8" and opt.fp8_cache,
+            lean=opt.lean_activations,
+        )
+        activations = activations + np.where(rc == 2, whole * tok, 0.0)  # the layer being recomputed
+        logits_mem = 0.0
     memory = states + activations + logits_mem + sw.memory_reserve_gb * 1e9
 
+    # revision 2 counts memory in GiB, the unit of a GPU's rated memory (an "80 GB" H100 or A100 has 80 GiB)
+    unit = 2.0**30 if rev2 else 1e9
     flops_model = model_flops_per_step(model, 1, s, causal=opt.causal_flops) * gbs
     peak_total = n_gpus * peak16
     hw = {
@@ -389,9 +442,9 @@ def evaluate(
         "optimizer": optimizer,
         "overhead": overhead,
         "microbatches": m,
-        "memory_gb": memory / 1e9,
-        "memory_states_gb": states / 1e9,
-        "memory_activations_gb": activations / 1e9,
+        "memory_gb": memory / unit,
+        "memory_states_gb": states / unit,
+        "memory_activations_gb": activations / unit,
         "mfu": flops_model / (step * peak_total),
         "hfu": flops_hw / (step * peak_total),
         "tokens_per_s": gbs * s / step,
@@ -412,8 +465,8 @@ def layout_problems(model: ModelSpec, gpus: int, gbs: int, layout: Layout, seq: 
         problems.append(f"TP x PP x DP x CP = {layout.gpus}, not the {gpus} GPUs asked for")
     if model.heads % layout.tp:
         problems.append(f"TP={layout.tp} does not divide the {model.heads} attention heads")
-    if layout.pp * layout.vp > model.layers:
-        problems.append(f"PP x VP = {layout.pp * layout.vp} exceeds the {model.layers} layers")
+    if layout.pp * layout.vp > model.layers + 2:  # at most an embedding-only and an output-only chunk (Llama 3)
+        problems.append(f"PP x VP = {layout.pp * layout.vp} exceeds the {model.layers} layers (+2)")
     if layout.vp > 1 and layout.pp == 1:
         problems.append("virtual stages (VP > 1) need pipeline parallelism (PP > 1)")
     if gbs % (layout.dp * layout.mbs):

@@ -48,7 +48,7 @@ def _candidates(case: Case) -> list[tuple[int, int, int]]:
     """(mbs, vp, recompute code) triples the case allows: valid divisibility, VP only with PP."""
     out = []
     for mbs, vp, rc in itertools.product(case.mbs, case.vp, case.recompute):
-        too_deep = case.pp * vp > case.model.layers
+        too_deep = case.pp * vp > case.model.layers + 2  # an embedding-only and an output-only chunk (Llama 3)
         if case.gbs % (case.dp * mbs) or too_deep or (vp > 1 and case.pp == 1):
             continue
         out.append((mbs, vp, RECOMPUTE_MODES.index(rc)))  # type: ignore[arg-type]
