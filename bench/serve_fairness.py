@@ -5,10 +5,11 @@
 
 The server (CPU engine, random tiny Llama, 8 random adapters, batch 32) runs in a child process; tenant A's flood
 runs in another (non-streamed requests over raw HTTP, so that its client's CPU does not delay B's); tenant B's
-streamed requests go through the official ``openai`` client here, which measures B's time to first token. Four
+streamed requests go through the official ``openai`` client here, which measures B's time to first token. Five
 phases, each on a fresh server, with the same B traffic:
 
 * ``B alone``: the unloaded reference;
+* ``A at its limit``: A sends exactly its limit (no excess): what A's admitted load alone costs B;
 * ``A floods, gpufleet``: A's ``requests_per_s`` limit and the fair queue (``max_running`` = the batch);
 * ``A floods, queue only``: the fair queue, no rate limit on A;
 * ``A floods, no fairness``: no limits, no fair queue (every request straight into the engine's FCFS queue), as
@@ -110,13 +111,16 @@ async def steady(url: str, rate: float, seconds: float, max_tokens: int, seed: i
     return {"ttft": ttft, "errors": errors}
 
 
-def run_phase(keys: Path, max_running: int | None, args: argparse.Namespace, with_flood: bool) -> dict[str, object]:
+def run_phase(
+    keys: Path, max_running: int | None, args: argparse.Namespace, with_flood: bool, a_times: float = 10.0
+) -> dict[str, object]:
+    """One phase on a fresh server: a warm-up, then B's steady traffic, with A sending ``a_times`` its limit."""
     with start_server(keys, max_running=max_running) as (url, _):
         asyncio.run(steady(url, 10.0, 1.0, args.b_tokens, seed=0))  # warm-up, not measured: first forwards are slow
         flooder = None
         if with_flood:
             cmd = [sys.executable, __file__, "--flood-url", url, "--seconds", str(args.seconds)]
-            cmd += ["--a-limit", str(args.a_limit), "--a-tokens", str(args.a_tokens)]
+            cmd += ["--a-limit", str(args.a_limit), "--a-tokens", str(args.a_tokens), "--a-times", str(a_times)]
             flooder = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
             time.sleep(args.seconds * 0.1)  # let the flood build up before B starts measuring
         b = asyncio.run(steady(url, args.b_rate, args.seconds * 0.8, args.b_tokens, seed=1))
@@ -137,9 +141,10 @@ def main() -> None:
     ap.add_argument("--b-tokens", type=int, default=32)
     ap.add_argument("--batch", type=int, default=32, help="the fair queue's bound (the engine's batch)")
     ap.add_argument("--flood-url", help=argparse.SUPPRESS)
+    ap.add_argument("--a-times", type=float, default=10.0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.flood_url:  # the flooding child: print A's status counts as one JSON line
-        counts = asyncio.run(flood(args.flood_url, 10 * args.a_limit, args.seconds, args.a_tokens, seed=7))
+        counts = asyncio.run(flood(args.flood_url, args.a_times * args.a_limit, args.seconds, args.a_tokens, seed=7))
         print(json.dumps(counts))
         return
 
@@ -148,6 +153,7 @@ def main() -> None:
         limited, unlimited = keys_file(Path(tmp), args.a_limit), keys_file(Path(tmp), None)
         phases = {
             "B alone": run_phase(limited, args.batch, args, with_flood=False),
+            "A at its limit": run_phase(limited, args.batch, args, with_flood=True, a_times=1.0),
             "A floods, gpufleet": run_phase(limited, args.batch, args, with_flood=True),
             "A floods, queue only": run_phase(unlimited, args.batch, args, with_flood=True),
             "A floods, no fairness": run_phase(unlimited, None, args, with_flood=True),

@@ -463,6 +463,7 @@ class OpenAIServer:
             placed = True
             chunks = stream = aiter(self.backend.generate(prompt, adapter, params, request_id))
             first = await unless_disconnected(request, lambda: anext(stream, None))
+            first_at = time.monotonic()
         except BaseException as exc:
             if chunks is not None:
                 await _close_quietly(chunks)
@@ -472,8 +473,8 @@ class OpenAIServer:
             raise
         last = [arrival]
 
-        def on_chunk() -> None:
-            now = time.monotonic()
+        def on_chunk() -> None:  # the first chunk's time is when it arrived, not when the response got to it
+            now = first_at if last[0] == arrival else time.monotonic()
             (self.metrics.ttft if last[0] == arrival else self.metrics.itl).labels(*labels).observe(now - last[0])
             last[0] = now
 
