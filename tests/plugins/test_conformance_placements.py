@@ -1,11 +1,11 @@
 """Every registered placement, under a non-preemptive and a preemptive order on a tiny cluster: it constructs,
-declares what it needs, finishes every job, rejects an unknown option in one line, and combines with a capacity
-policy (Aryl) only when it is the engine's own placement. A new placement file is picked up."""
+declares what it needs, finishes every job, rejects an unknown option in one line, and composes with every
+capacity policy (the Aryl variants, on a cluster with an inference pool). A new placement file is picked up."""
 
 from __future__ import annotations
 
 import pytest
-from tests.plugins.test_conformance_policies import JOBS, NEEDS, _cluster
+from test_conformance_policies import JOBS, NEEDS, _cluster  # a sibling: pytest puts this folder on sys.path
 
 from gpufleet.errors import ConfigError
 from gpufleet.sched.placement.base import PLACEMENTS, Placement, make_placement
@@ -48,14 +48,22 @@ def test_placement_rejects_an_unknown_option_in_one_line(name: str) -> None:
     assert "no_such_option" in str(info.value) and "\n" not in str(info.value)
 
 
+ARYL = ("aryl", "aryl-loan", "aryl-elastic", "aryl-base")
+
+
+@pytest.mark.parametrize("aryl", ARYL)
 @pytest.mark.parametrize("name", PLACEMENTS.plugin_names())
-def test_capacity_policy_takes_only_its_own_placement(name: str) -> None:
-    if PLACEMENTS[name].gpu_level:
-        with pytest.raises(ConfigError) as info:
-            make_scheduler(f"aryl+{name}")
-        assert "\n" not in str(info.value) and "servers" in str(info.value)
-    else:
-        assert make_scheduler(f"aryl+{name}").placement == name
+def test_placement_composes_with_every_capacity_policy(name: str, aryl: str) -> None:
+    """Under Aryl a GPU-level placement picks the base demand's servers: every job finishes, the cluster stays
+    consistent (debug mode checks it on every event), and the row names both layers."""
+    policy = make_scheduler(f"{aryl}+{name}")
+    assert policy.placement == name
+    cls = PLACEMENTS[name]
+    config = SimConfig(network="network" in cls.needs, debug=True)
+    jobs = JOBS if config.network else JOBS.drop("model")
+    result = run_one(RunSpec(pair_label(aryl, name), jobs, _cluster(True), config))
+    assert result.summary["finished"] == JOBS.height
+    assert result.summary["policy"] == aryl and result.summary["placement"] == name
 
 
 def test_pairs_cover_every_policy_and_placement_with_plain_default_names() -> None:

@@ -36,11 +36,12 @@ def _eligible(part: Any, per: int) -> list[int]:
     return out
 
 
-def candidate_placements(part: Any, gpus: int, net: Any = None, p: int = 0) -> list[Allocation | None]:
+def candidate_placements(part: Any, gpus: int, net: Any = None, p: int = 0, unit: int = 1) -> list[Allocation | None]:
     """The allocation of every slot of :data:`SLOTS` for a job of ``gpus`` GPUs on ``part`` (None: no fit).
 
     ``net`` is the simulator's network model, a :class:`~gpufleet.sched.view.NetworkView` (None: no network
-    model, and the ``net`` strategy falls back to best fit). Nothing is taken from ``part``.
+    model, and the ``net`` strategy falls back to best fit). ``unit``: a node's share must be a multiple of it
+    (an elastic job's workers of ``unit`` GPUs each sit on one server). Nothing is taken from ``part``.
     """
     out: list[Allocation | None] = []
     free_total = part.total_free
@@ -51,7 +52,7 @@ def candidate_placements(part: Any, gpus: int, net: Any = None, p: int = 0) -> l
             out.append(part._plan_consolidate(gpus) if gpus <= free_total else None)
             continue
         per, rest = divmod(gpus, n)
-        if rest or per == 0 or per > gpn or gpus > free_total or n > part.nodes:
+        if rest or per == 0 or per % unit or per > gpn or gpus > free_total or n > part.nodes:
             out.append(None)
             continue
         nodes = cache.get(per)
@@ -72,15 +73,16 @@ def candidate_placements(part: Any, gpus: int, net: Any = None, p: int = 0) -> l
     return out
 
 
-def spread_placement(part: Any, gpus: int, max_nodes: int = 4) -> Allocation | None:
+def spread_placement(part: Any, gpus: int, max_nodes: int = 4, unit: int = 1) -> Allocation | None:
     """The paper-style baseline placement: as many nodes as an even split allows (at most ``max_nodes``,
-    never one node unless nothing else fits), best fit within the shape; the uneven fallback last."""
+    never one node unless nothing else fits, shares in multiples of ``unit``), best fit within the shape;
+    the uneven fallback last."""
     if gpus > part.total_free:
         return None
     gpn = part.gpus_per_node
     for n in sorted((s for s in SHAPES if 2 <= s <= max_nodes), reverse=True):
         per, rest = divmod(gpus, n)
-        if rest or per == 0 or per > gpn:
+        if rest or per == 0 or per % unit or per > gpn:
             continue
         nodes = _eligible(part, per)
         if len(nodes) >= n:

@@ -175,8 +175,9 @@ def make_scheduler(
 ) -> Policy:
     """The policy of a run label (``srtf`` or ``srtf+rl``) with its placement layer set.
 
-    A capacity policy (the Aryl family, ``engine == "elastic"``) places workers on servers itself: only
-    ``consolidate``, its own best fit, combines with it (a one-line ConfigError says so otherwise).
+    Under a capacity policy (the Aryl family, ``engine == "elastic"``) a GPU-level placement chooses the node
+    set of a job's base demand on the training pool's free GPUs; Aryl's best fit places what it cannot (workers
+    that need flexible workers' GPUs or loaned servers) and its knapsack places the extra workers.
     """
     name, placement = split_label(label)
     policy = make_policy(name, **dict(policy_opts or {}))
@@ -185,10 +186,5 @@ def make_scheduler(
             raise ConfigError(f"'{label}' names no placement to take options {', '.join(sorted(placement_opts))}")
         return policy
     placer = make_placement(placement, **dict(placement_opts or {}))
-    if policy.engine == "elastic" and placer.gpu_level:
-        raise ConfigError(
-            f"'{name}+{placement}' cannot run: {name} places whole workers on servers (best fit, its capacity layer "
-            f"loans and scales them), and '{placement}' chooses GPU node sets of a fixed-size gang; use consolidate"
-        )
     policy.use_placement(placer)
     return policy

@@ -124,21 +124,28 @@ class ElasticSimulator(Simulator):
         network = network_for_run(cluster, parts, jobs, config or SimConfig())
         super().__init__(workload, parts, policy, config, outages, network, feats)
         self.rate = self.seg_speed  # the progress rate of each job's current segment
+        # a GPU-level placement (contention, spread, rl, random) chooses the node set of a job's base demand on
+        # the training pool; ``parts`` then mirrors the training servers' free GPUs for it to read
+        placer = policy.placer
+        self._gpu_placer: Any = placer if placer.gpu_level else None
+        self._part_type = [part.gpu_type.lower() for part in parts]
         self._netf: Any = next((f for f in self.features if f.name == "network"), None)
 
     # ------------------------------------------------------------------ setup
     def _job_curves(self, jobs: pl.DataFrame, pool: Any) -> list[ScalingCurve]:
-        """Per job: the ``perf`` model's curve when its ``model`` column names a catalog model, else the default."""
+        """Per job: the ``perf`` model's curve when its ``model`` column names a catalog model, else the default
+        (also for DeepShare's workload names, which the network model reads from the same column)."""
         n = len(self.workload)
         if "model" not in jobs.columns:
             return [self.curve] * n
         from gpufleet.errors import ConfigError, GpufleetError
+        from gpufleet.perf.comm_profiles import DEEPSHARE_MODELS
         from gpufleet.sim.scaling import PerfCurve
 
         cache: dict[tuple[str, int], ScalingCurve] = {}
         out: list[ScalingCurve] = []
         for j, name in enumerate(jobs["model"].cast(pl.Utf8).to_list()):
-            if not name:
+            if not name or name in DEEPSHARE_MODELS:
                 out.append(self.curve)
                 continue
             key = (name, self.g[j])
@@ -197,6 +204,8 @@ class ElasticSimulator(Simulator):
         self.busy += g
         if self.srv.group[s] == LOANED:
             self.busy_loaned += g
+        if self._gpu_placer is not None:
+            self._mirror(s)
 
     def _take(self, s: int, j: int, flexible: bool) -> None:
         """One worker fewer of job ``j`` on server ``s``."""
@@ -214,6 +223,23 @@ class ElasticSimulator(Simulator):
         self.busy -= g
         if self.srv.group[s] == LOANED:
             self.busy_loaned -= g
+        if self._gpu_placer is not None:
+            self._mirror(s)
+
+    def _mirror(self, s: int) -> None:
+        """Bring the training partition's node of server ``s`` in line with the server's free GPUs (a server
+        out of training service shows none), for a GPU-level placement to read."""
+        p = self._srv_part[s]
+        if p < 0:
+            return
+        part, node = self.parts[p], self._srv_node[s]
+        want = int(self.srv.free[s]) if self.srv.group[s] == TRAINING else 0
+        have = part.free[node]
+        if want < have:
+            part._take(node, have - want)
+            part.total_free -= have - want
+        elif want > have:
+            part.release([(node, want - have)])
 
     def _take_all_on(self, s: int, j: int) -> None:
         b, f = self.srv.occ[s][j]
@@ -289,6 +315,10 @@ class ElasticSimulator(Simulator):
         self.waiting_gpus += self.gpus[j]
         self._push_waiting(j)
 
+    def worker_gpus(self, j: int) -> int:
+        """A worker of job ``j`` holds ``g`` GPUs on one server: a node's share is a whole number of workers."""
+        return self.g[j]
+
     def running_jobs(self) -> list[int]:
         """Every running job."""
         return list(self.running)
@@ -344,6 +374,10 @@ class ElasticSimulator(Simulator):
             room += srv.free_in[LOANED] + srv.flex_in[LOANED]
         if room < g * w:  # cheap necessary condition first: most attempts in a busy cluster fail here
             return False
+        if self._gpu_placer is not None:
+            placed = self._admit_placed(j, now)
+            if placed is not None:
+                return placed
         train = self._mask(j, loaned=False)
         allm = self._mask(j, loaned=True)
         if srv.slots(g, allm, with_flex=False) < w and srv.slots(g, allm, with_flex=True) < w:
@@ -368,6 +402,36 @@ class ElasticSimulator(Simulator):
             self._rescaled(v, now)
         self._begin(j, now)
         return True
+
+    def _admit_placed(self, j: int, now: float) -> bool | None:
+        """Place job ``j``'s base demand on the free GPUs of a training pool where the GPU-level placement
+        chooses; None when it finds no node set there (Aryl's best fit then tries flexible workers' GPUs and
+        loaned servers), False when it chose to wait.
+
+        A worker needs ``g`` GPUs on one server, so a node set whose count on some node is not a whole number
+        of workers is not taken (best fit places the job instead)."""
+        g, w = self.g[j], self.wmin[j]
+        t = self._type_of[j]
+        placer = self._gpu_placer
+        for p, part in enumerate(self.parts):
+            if (t is not None and self._part_type[p] != t) or part.total_free < g * w:
+                continue
+            placer.may_wait = True
+            alloc = placer.place(j, p, part)
+            if alloc is None:
+                if placer.waited:
+                    return False
+                continue
+            part.release(alloc)  # the workers below take the GPUs server by server (and mirror them back)
+            if any(c % g for _, c in alloc):
+                continue
+            for node, c in alloc:
+                s = self._server(p, node)
+                for _ in range(c // g):
+                    self._put(s, j, False)
+            self._begin(j, now)
+            return True
+        return None
 
     def _schedule(self) -> None:
         """Admit waiting jobs' base demands, best first; a class whose best job does not fit is skipped (its
@@ -394,6 +458,9 @@ class ElasticSimulator(Simulator):
         """Hand empty ``servers`` to ``group`` (LOANED, HELD, DOWN, TRAINING); cached placement masks go stale."""
         self.srv.move(servers, group)
         self._masks.clear()
+        if self._gpu_placer is not None:
+            for s in servers.tolist():
+                self._mirror(s)
 
     def _checkpointed(self, j: int, done: float) -> float:
         """Progress job ``j`` keeps of ``done`` when stopped now: its last checkpoint, never behind its resume."""

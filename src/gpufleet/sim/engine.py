@@ -94,6 +94,7 @@ class Simulator:
         # GPUs started, stopped or re-ranked so far: bounds how much room preemption can have gained since a
         # failed attempt, so an attempt that cannot succeed yet is skipped without walking the running heap
         self._churn = 0
+        self._short = 0  # GPUs the last failed preemption search fell short by
         # heap-ranked preemptive policies keep each partition's possible victims on a heap (scan policies rank
         # them afresh, non-preemptive ones need none)
         self._heap_victims = policy.preemptive and not policy.scan_running
@@ -184,6 +185,10 @@ class Simulator:
         p = (now - self.pseg_start[j] - self.seg_over[j]) * self.seg_speed[j]
         p = self.pseg_base[j] + (p if p > 0.0 else 0.0)
         return p if p < self.remaining[j] else self.remaining[j]
+
+    def worker_gpus(self, j: int) -> int:
+        """GPUs a node's share of job ``j`` must be a multiple of: 1, a gang job splits over nodes freely."""
+        return 1
 
     def add_timer(self, when: float, j: int, tag: int) -> None:
         """Call ``policy.on_timer(j, tag, when)`` at ``when`` unless ``j`` starts or stops first."""
@@ -484,6 +489,7 @@ class Simulator:
         scan = self.policy.scan_running
         memo = self._pfail.get(j)
         if memo is not None and memo[0] == self._wver[j] and self._churn - memo[1] < memo[2]:
+            self._short = memo[2] - (self._churn - memo[1])  # the room grew by at most the churn since
             return False
         deficit = g
         for p in self._allowed[j]:
@@ -525,6 +531,7 @@ class Simulator:
                 return True
         if not scan:  # scanned keys drift with time, so only heap-ranked policies may skip retries
             self._pfail[j] = (self._wver[j], self._churn, max(deficit, 1))
+        self._short = max(deficit, 1)
         return False
 
     def _head(self, ck: tuple[int, int]) -> tuple | None:
@@ -556,6 +563,11 @@ class Simulator:
         blocked: set[tuple[int, int]] = set()
         free_now = sum(p.total_free for p in self.parts)
         fail_g = 1 << 62  # preempting for a job this large already failed in this pass
+        # per set of allowed partitions, until the next successful preemption: heads come best first, so a later
+        # job's victims (running jobs worse than it) are a subset of an earlier one's, and once preempting for
+        # g GPUs fell ``_short`` GPUs short, a later job needing g - _short + 1 or more cannot win either (a pure
+        # shortcut: it skips only searches that would fail)
+        short_g: dict[tuple[int, ...], int] = {}
         while heads:
             entry, ck = heads.pop(0)
             j = entry[2]
@@ -567,13 +579,21 @@ class Simulator:
                     bisect.insort(heads, (e, ck))
                 continue
             # a placement that chose to hold the job for a better slot is not overruled by preempting for it
-            if preemptive and g < fail_g and not (g <= free_now and pol.placer.waited):
+            allowed = self._allowed[j]
+            if (
+                preemptive
+                and g < fail_g
+                and g < short_g.get(allowed, fail_g)
+                and not (g <= free_now and pol.placer.waited)
+            ):
                 if self._preempt_for(j):
                     # victims went back to the queue: rebuild the heads, keeping blocked classes out
                     free_now = sum(p.total_free for p in self.parts)
                     heads = [h for h in self._heads() if h[1] not in blocked]
+                    short_g.clear()  # victims worse than this job but better than later ones freed GPUs
                     continue
                 fail_g = g
+                short_g[allowed] = min(short_g.get(allowed, g), g - self._short + 1)
             if pol.blocking:
                 return
             blocked.add(ck)

@@ -20,7 +20,7 @@ class CandidatePlacement(Placement):
     def place(self, j: int, p: int, part: PartitionView) -> Allocation | None:
         sim = self.sim
         self.waited = False
-        cands = candidate_placements(part, sim.gpus[j], sim.network, p)
+        cands = candidate_placements(part, sim.gpus[j], sim.network, p, sim.worker_gpus(j))
         if not any(c is not None for c in cands):
             return None
         idx = self.choose(j, p, part, cands)

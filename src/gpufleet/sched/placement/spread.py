@@ -19,5 +19,5 @@ class Spread(Placement):
     summary = "spread-first over up to 4 nodes, as the DeepShare paper's baselines place jobs"
 
     def place(self, j: int, p: int, part: PartitionView) -> Allocation | None:
-        alloc = spread_placement(part, self.sim.gpus[j])
+        alloc = spread_placement(part, self.sim.gpus[j], unit=self.sim.worker_gpus(j))
         return None if alloc is None else part.take(alloc)
