@@ -17,7 +17,7 @@ import numpy as np
 import polars as pl
 
 from gpufleet.errors import ConfigError
-from gpufleet.perf.efficiency import Efficiency
+from gpufleet.perf.efficiency import Efficiency, default_efficiency
 from gpufleet.perf.flops import RECOMPUTE_MODES, Recompute
 from gpufleet.perf.model_spec import ModelSpec
 from gpufleet.perf.options import Layout, TrainOptions
@@ -118,12 +118,17 @@ def _candidates(
     }
 
 
-def _valid(model: ModelSpec, gbs: int, seq: int, c: dict[str, np.ndarray]) -> np.ndarray:
+def _valid(model: ModelSpec, gbs: int, seq: int, c: dict[str, np.ndarray], edge_chunks: int = 0) -> np.ndarray:
     ok = (model.heads % c["tp"] == 0) & (seq % c["cp"] == 0)
     ok &= gbs % (c["dp"] * c["mbs"]) == 0
-    ok &= (c["vp"] == 1) | ((c["pp"] > 1) & (c["pp"] * c["vp"] <= model.layers))
-    # interleaving is only worth its extra send/recv when it splits layers evenly
-    ok &= (c["vp"] == 1) | (model.layers % (c["pp"] * c["vp"]) == 0)
+    ok &= (c["vp"] == 1) | ((c["pp"] > 1) & (c["pp"] * c["vp"] <= model.layers + edge_chunks))
+    # interleaving is only worth its extra send/recv when it splits layers evenly; with ``edge_chunks = 2``
+    # (model revision 2) also when the first chunk holds only the embedding and the last only the output
+    # layer, as Llama 3 405B's 126 layers in 16 x 8 chunks (arXiv 2407.21783 section 3.3.2)
+    even = model.layers % (c["pp"] * c["vp"]) == 0
+    if edge_chunks:
+        even |= (model.layers + edge_chunks) % (c["pp"] * c["vp"]) == 0
+    ok &= (c["vp"] == 1) | even
     kv = model.kv_heads_eff
     ok &= (kv % c["tp"] == 0) | (c["tp"] % kv == 0)
     return ok
@@ -166,7 +171,8 @@ def plan_layouts(
     if not interleaved:
         cands = {k: v[cands["vp"] == 1] for k, v in cands.items()}
     searched = len(cands["tp"])
-    valid = _valid(model, gbs, s, cands)
+    edge = 2 if (efficiency or default_efficiency()).software.revision >= 2 else 0
+    valid = _valid(model, gbs, s, cands, edge)
     c = {k: v[valid] for k, v in cands.items()}
     out = evaluate(
         model,

@@ -140,6 +140,40 @@ def _fsdp_per_layer(
     return per_mb, exposed
 
 
+def _weight_streaming(
+    model: ModelSpec,
+    opt: TrainOptions,
+    tp: np.ndarray,
+    ep: Any,
+    t_gemm: np.ndarray,
+    t_gemm_exp: Any,
+    mem_rate: float,
+    rc: np.ndarray,
+) -> np.ndarray:
+    """Time one layer's GEMM passes of a micro-batch lose to HBM when they have too few tokens to amortise
+    reading their weights (the roofline, Williams et al. 2009; DeepGEMM's published Hopper table falls from
+    1,304 TFLOPS at M = 4,096 to 932 at M = 256 for N = 4,096, K = 7,168).
+
+    Forward and input-gradient passes read the weights (bf16, or fp8 copies); the weight-gradient pass
+    accumulates into fp32 main gradients (read + write, Megatron's gradient-accumulation fusion) unless
+    FSDP reduce-scatters bf16 gradients per micro-batch. Each pass takes the longer of its compute and its
+    weight traffic; wide micro-batches (thousands of tokens per rank) are compute-bound and pay nothing.
+    """
+    w_bytes = 1.0 if opt.precision == "fp8" else 2.0
+    g_bytes = 8.0 if opt.zero < 3 else 2.0
+    experts = expert_params_per_layer(model) if model.is_moe else 0.0
+    w_dense = (params_per_layer(model) - experts) / tp
+    w_exp = experts / (tp * ep) if model.is_moe else 0.0
+    t_dense = t_gemm - t_gemm_exp
+
+    def short(t: Any, w: Any, b: float) -> np.ndarray:
+        return np.maximum(w * b / mem_rate - t, 0.0)
+
+    fwd = short(t_dense, w_dense, w_bytes) + short(t_gemm_exp, w_exp, w_bytes)
+    wgrad = short(t_dense, w_dense, g_bytes) + short(t_gemm_exp, w_exp, g_bytes)
+    return 2.0 * fwd + wgrad + np.where(rc == 2, fwd, 0.0)
+
+
 def evaluate(
     model: ModelSpec,
     system: System,
@@ -169,6 +203,7 @@ def evaluate(
     ce = eff.for_gpu(system.gpu)
     link = eff.for_nic(system.nic)
     sw = eff.software
+    rev2 = sw.revision >= 2  # model structure 2 (the simulator's frozen constants stay on 1)
     s = int(seq or model.seq)
     h, vocab = model.hidden, model.vocab
     tp, pp, dp, cp, mbs, vp = (_arr(x) for x in (tp, pp, dp, cp, mbs, vp))
@@ -195,13 +230,15 @@ def evaluate(
     mem_rate = system.gpu.memory_bw_gbps * 1e9 * ce.memory
     tok = mbs * s / cp  # tokens of one micro-batch on one rank
     t_gemm = gemm_flops_per_token_layer(model) * tok / tp / gemm_rate
+    t_gemm_exp = 0.0
     if moe:  # routed experts run at the efficiency of their own (narrower) per-GPU width
         # with a capacity factor, experts run padded to capacity (static shapes): CF x the routed work
         expert_flops = expert_gemm_flops_per_token_layer(model)
         expert_rate = gemm_rate * ce.gemm_efficiency(model.expert_width / tp) / ce.gemm_efficiency(h / tp)
         padded = expert_flops * (model.capacity_factor or 1.0)
         t_gemm = (gemm_flops_per_token_layer(model) - expert_flops) * tok / tp / gemm_rate
-        t_gemm = t_gemm + padded * tok / tp / expert_rate
+        t_gemm_exp = padded * tok / tp / expert_rate
+        t_gemm = t_gemm + t_gemm_exp
     window = min(1.0, opt.sliding_window / s) if opt.sliding_window else 1.0
     executed_attn = attention_flops_per_token_layer(model, s, causal=opt.flash_attention) * window
     attn_eff = ce.flash_attention if opt.flash_attention else ce.attention
@@ -224,6 +261,8 @@ def evaluate(
     t_recompute = np.select([rc == 2, rc == 1], [t_fwd, t_selective], default=0.0)
     # kernel launches and host-side gaps of one layer's forward + backward (matter for small layers)
     t_layer_compute = 3.0 * t_fwd + t_recompute + sw.layer_overhead_us * 1e-6
+    if rev2:  # GEMM roofline: no pass is faster than streaming its weights (or its fp32 weight gradients) once
+        t_layer_compute = t_layer_compute + _weight_streaming(model, opt, tp, ep, t_gemm, t_gemm_exp, mem_rate, rc)
 
     # --- tensor-parallel collectives (all-reduce equivalents): 2 forward, 2 backward, 2 more with full recompute ---
     act_bytes = tok * h * 2.0
@@ -252,7 +291,6 @@ def evaluate(
     # from its first and last stages; Megatron-Core's --decoder-last-pipeline-num-layers)
     layers_per_stage = np.ceil(model.layers / (pp * vp)) * vp
     empty_slots = np.where(pp > 1, layers_per_stage * pp - model.layers, 0.0)
-    rev2 = sw.revision >= 2
     # revision 2: with two or more empty slots, the first stage (embedding, most micro-batches in flight) gives up
     # one layer and the last stage the rest (Llama 3 section 3.3.2 drops one layer from each)
     first_shed = np.where(rev2 & (empty_slots >= 2), 1.0, 0.0)
