@@ -28,7 +28,7 @@ from gpufleet.spec.catalog import data_file
 def _loop_search(model, system, gpus, gbs, options=None):
     """The naive planner: every candidate layout scored one at a time through the scalar API."""
     cands = _candidates(model, gpus, system.gpus_per_node, RECOMPUTE_MODES, 1)
-    valid = _valid(model, gbs, model.seq, cands)
+    valid = _valid(model, gbs, model.seq, cands, 2)  # model revision 2: Llama 3 edge chunks
     best = (np.inf, None)
     for i in np.flatnonzero(valid):
         layout = Layout(
@@ -105,8 +105,8 @@ def main() -> None:
         f"(<= 15 %), {table['row'].n_unique()} table rows predicted, {len(skipped)} skipped\n"
     )
     worst = Table(title="Held-out rows above 10 % error")
-    for col in ("row", "case", "stack", "layout", "error %", "GB / GPU"):
-        worst.add_column(col, justify="right" if col in ("row", "error %", "GB / GPU") else "left")
+    for col in ("row", "case", "stack", "layout", "error %", "GiB / GPU"):
+        worst.add_column(col, justify="right" if col in ("row", "error %", "GiB / GPU") else "left")
     for r in held.filter(held["error_pct"] > 10).sort("error_pct", descending=True).iter_rows(named=True):
         worst.add_row(
             str(r["row"]),

@@ -41,7 +41,7 @@ BREAKDOWN_LABELS = {
     "overhead": "fixed per-step overhead",
 }
 #: Columns of the validate table shown without ``--wide``.
-VALIDATE_COLUMNS = ("row", "case", "stack", "layout (as predicted)", "measured", "predicted", "error", "GB / GPU")
+VALIDATE_COLUMNS = ("row", "case", "stack", "layout (as predicted)", "measured", "predicted", "error", "GiB / GPU")
 _SHORT = {
     "compute": "compute",
     "tp_comm": "TP comm",
@@ -88,7 +88,7 @@ def _describe_options(o: TrainOptions) -> str:
 def _memory_cells(est: StepEstimate) -> tuple[str, str]:
     v = est.values
     cap = est.system.gpu.memory_gb
-    used = f"{v['memory_gb']:.1f} of {cap:g} GB"
+    used = f"{v['memory_gb']:.1f} of {cap:g} GiB"
     rest = v["memory_gb"] - v["memory_states_gb"] - v["memory_activations_gb"]
     detail = (
         f"weights + grads + optimizer {v['memory_states_gb']:.1f}, activations "
@@ -99,8 +99,8 @@ def _memory_cells(est: StepEstimate) -> tuple[str, str]:
 
 def _fit_warning(est: StepEstimate) -> str:
     return (
-        f"[bold red]does not fit:[/] {est.values['memory_gb']:.1f} GB needed per GPU, the {est.system.gpu.name} "
-        f"has {est.system.gpu.memory_gb:g} GB. Try --recompute selective or full, a larger --pp or --tp, "
+        f"[bold red]does not fit:[/] {est.values['memory_gb']:.1f} GiB needed per GPU, the {est.system.gpu.name} "
+        f"has {est.system.gpu.memory_gb:g} GiB. Try --recompute selective or full, a larger --pp or --tp, "
         "--zero 2 or 3, or a smaller --mbs (or `gpufleet perf plan` to search)."
     )
 
@@ -365,13 +365,13 @@ def print_validation(
         "measured",
         "predicted",
         "error",
-        "GB / GPU",
+        "GiB / GPU",
     )
     shown = cols if wide else VALIDATE_COLUMNS
     for col in shown:
         rows.add_column(
             col,
-            justify="right" if col in ("row", "measured", "predicted", "error", "GB / GPU") else "left",
+            justify="right" if col in ("row", "measured", "predicted", "error", "GiB / GPU") else "left",
             no_wrap=col not in ("case", "group"),
         )
     if not wide:
@@ -402,7 +402,7 @@ def print_validation(
     out.print(_summary_table(summary, "absolute percentage error"))
     if not table["fits"].all():
         out.print(
-            "[yellow]note:[/] rows whose predicted memory (GB / GPU, yellow) exceeds the GPU are predicted for a "
+            "[yellow]note:[/] rows whose predicted memory (GiB / GPU, yellow) exceeds the GPU are predicted for a "
             "layout the model thinks does not fit (the memory model overestimates those runs)"
         )
     for note in sorted({n for n in table["stack_note"].to_list() if n}):
