@@ -344,3 +344,39 @@ def test_runtime_adapter_on_the_cpu_engine(registry, tmp_path):
                 ops.completions.create(model="tuned", prompt="hello", max_tokens=2)
     finally:
         backend.close()
+
+
+def test_async_engine_refuses_before_the_first_chunk_and_aborts_a_closed_stream():
+    """Requests reach the engine through its inbox: a refusal still raises before any chunk, a stream closed
+    early still aborts the request in the engine."""
+    pytest.importorskip("torch")
+    import asyncio
+    from contextlib import aclosing
+
+    from gpufleet.serve.async_backend import AsyncEngine
+    from gpufleet.serve.cluster import WorkerOptions, build_engine
+    from gpufleet.serve.protocol import SamplingParams, UnknownAdapterError
+
+    backend = AsyncEngine(build_engine(WorkerOptions(base="tiny-llama-random", random_adapters=1, rank=4)))
+
+    async def scenario() -> None:
+        with pytest.raises(UnknownAdapterError):
+            await anext(backend.generate("hi", "nope", SamplingParams(max_tokens=4), "r0"))
+        async with aclosing(
+            backend.generate("hi", "lora-0", SamplingParams(max_tokens=500, ignore_eos=True), "r1")
+        ) as s:
+            assert (await anext(s)).request_id == "r1"
+        for _ in range(200):
+            if not backend.engine.requests:
+                break
+            await asyncio.sleep(0.01)
+        assert backend.engine.requests == {} and backend._streams == {}
+        chunks = [
+            c async for c in backend.generate([1, 2, 3], None, SamplingParams(max_tokens=3, ignore_eos=True), "r2")
+        ]
+        assert [c.completion_tokens for c in chunks] == [1, 2, 3] and chunks[-1].finish_reason == "length"
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        backend.close()

@@ -1,10 +1,16 @@
 """The engine behind the HTTP server: its loop runs in one background thread, requests stream back through
-asyncio queues. Implements :class:`gpufleet.serve.protocol.GenerationBackend`."""
+asyncio queues. Implements :class:`gpufleet.serve.protocol.GenerationBackend`.
+
+New requests and aborts go through an inbox that the engine thread drains before each step, so the event loop
+never waits for a step to end (a lock taken from the event loop would stall every client for a step, and could
+lose the race for the lock to the engine thread step after step).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import threading
+from collections import deque
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +27,7 @@ class AsyncEngine:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._inbox: deque[tuple[Any, ...]] = deque()  # ("add", id, ids, adapter, params) | ("abort", id)
         self._stop = False
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._loop, name="gpufleet-engine", daemon=True)
@@ -52,6 +59,7 @@ class AsyncEngine:
     async def unload_adapter(self, name: str) -> None:
         """Stop serving ``name`` (the server calls this once no request for it is in flight)."""
         with self._lock:
+            self._drain_inbox()  # the aborts of the requests that used it
             self.engine.remove_adapter(name)
 
     def close(self) -> None:
@@ -65,15 +73,15 @@ class AsyncEngine:
         """Queue the request (refusals raise here, before the first chunk) and stream its chunks."""
         ids = self.engine.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         queue: asyncio.Queue = asyncio.Queue()
-        with self._lock:
-            self.engine.add_request(request_id, ids, adapter, params)
-            self._streams[request_id] = (asyncio.get_running_loop(), queue)
+        self._streams[request_id] = (asyncio.get_running_loop(), queue)
+        self._inbox.append(("add", request_id, ids, adapter, params))
         self._wake.set()
         finished = False
         try:
             while True:
                 item = await queue.get()
                 if isinstance(item, BaseException):
+                    finished = True  # refused or failed: the engine holds nothing of it
                     raise item
                 finished = item.finish_reason is not None
                 yield item
@@ -81,13 +89,30 @@ class AsyncEngine:
                     return
         finally:
             if not finished:  # the client went away or the consumer stopped early
-                with self._lock:
-                    self.engine.abort(request_id)
-                    self._streams.pop(request_id, None)
+                self._streams.pop(request_id, None)
+                self._inbox.append(("abort", request_id))
+                self._wake.set()
+
+    def _drain_inbox(self) -> None:
+        """Apply queued additions and aborts (call with the lock held); a refusal goes to its stream."""
+        while self._inbox:
+            op, request_id, *args = self._inbox.popleft()
+            if op == "abort":
+                self.engine.abort(request_id)
+                continue
+            if request_id not in self._streams:  # its stream is gone (client left, or a failure reached it)
+                continue
+            try:
+                self.engine.add_request(request_id, *args)
+            except Exception as exc:
+                target = self._streams.pop(request_id, None)
+                if target is not None:
+                    target[0].call_soon_threadsafe(target[1].put_nowait, exc)
 
     def _loop(self) -> None:
         while not self._stop:
             with self._lock:
+                self._drain_inbox()
                 busy = self.engine.has_work()
                 try:
                     chunks = self.engine.step() if busy else []
