@@ -301,3 +301,18 @@ def test_many_concurrent_streams_get_only_429_as_errors_and_leave_nothing_behind
     assert received == 4 * outcomes["ok"] == total(samples, "gpufleet_generation_tokens_total")
     assert server.in_flight == 0 and server.queue.running == 0 and server.queue.waiting == 0
     assert not server.adapter_use and backend.running == {}
+
+
+def test_an_over_limit_request_is_refused_before_its_body_is_read():
+    """The rate gate answers 429 before validation: a flood costs no body parsing (a bad body shows it)."""
+    from fastapi.testclient import TestClient
+
+    app = create_app(FakeBackend(), tenants=registry(a={"requests_per_s": 1.0}))
+    client = TestClient(app)
+    auth = {"Authorization": f"Bearer {KEY_A}", "content-type": "application/json"}
+    body = {"model": "alpha", "prompt": "x", "max_tokens": 1}
+    assert client.post("/v1/completions", json=body, headers=auth).is_success
+    r = client.post("/v1/completions", content=b"{not json", headers=auth)
+    assert r.status_code == 429 and r.json()["error"]["code"] == "requests_per_s" and int(r.headers["retry-after"]) >= 1
+    other = {"Authorization": f"Bearer {KEY_B}", "content-type": "application/json"}
+    assert client.post("/v1/completions", content=b"{not json", headers=other).status_code == 422  # b is not limited

@@ -81,6 +81,11 @@ class RateLimiter:
             self._tokens[tenant.name] = TokenBucket(per_min / 60.0, float(per_min), self._clock)
         return self._requests.get(tenant.name), self._tokens.get(tenant.name)
 
+    def request_wait(self, tenant: Tenant) -> float:
+        """Seconds until the tenant's request bucket has room for one more (0: now); charges nothing."""
+        requests, _ = self._buckets(tenant)
+        return 0.0 if requests is None else requests.wait_for(1)
+
     def admit(self, tenant: Tenant, tokens: int) -> None:
         """Charge one request and ``tokens`` tokens, or raise (charging nothing) when either bucket is short."""
         requests, budget = self._buckets(tenant)

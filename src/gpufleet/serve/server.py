@@ -750,6 +750,36 @@ async def _respond(
     return JSONResponse(shape.whole(text, gen.finish_reason, gen.usage()).model_dump())
 
 
+class OverLimitGate:
+    """ASGI middleware: a generation request whose tenant is over its ``requests_per_s`` gets its 429 here, before
+    the body is read or validated, so that a flood costs the server as little as possible. Only a check: the
+    request is charged (and checked again, with its tokens) in ``OpenAIServer.start``."""
+
+    def __init__(self, app: Any, server: OpenAIServer) -> None:
+        self.app, self.server = app, server
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        server = self.server
+        if scope["type"] == "http" and server.tenants is not None and scope.get("path") in GENERATION_PATHS:
+            header = dict(scope.get("headers") or ()).get(b"authorization", b"").decode("latin-1")
+            scheme, _, key = header.partition(" ")
+            tenant = server.tenants.authenticate(key.strip()) if scheme.lower() == "bearer" else None
+            wait = server.limiter.request_wait(tenant) if tenant is not None else 0.0
+            if tenant is not None and wait > 0:
+                exc = TenantLimitError(
+                    f"tenant '{tenant.name}' is over its requests_per_s limit; retry in {math.ceil(wait)} s",
+                    wait,
+                    "requests_per_s",
+                )
+                error = tenant_limited(exc)
+                labels = server.metrics.labels(tenant.name, NO_ADAPTER)
+                server.metrics.requests.labels(*labels, "429").inc()
+                server.metrics.errors.labels(*labels, "requests_per_s").inc()
+                await error.response()(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 class AdapterLoad(BaseModel):
     """``POST /v1/adapters``: the name clients will use, and the PEFT folder relative to the adapters root."""
 
@@ -789,6 +819,7 @@ def create_app(
     app = FastAPI(title="gpufleet OpenAI-compatible LoRA server", version="1")
     app.state.openai = server
     _install_error_handlers(app, server.record_error)
+    app.add_middleware(OverLimitGate, server=server)
     as_tenant = Depends(server.authenticate)  # a default value, not Annotated: the routes' annotations are strings
     as_admin = Depends(server.authenticate_admin)
 
