@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import tempfile
 import time
 from pathlib import Path
@@ -71,7 +70,7 @@ def _quality(args: argparse.Namespace) -> tuple[dict, list[tuple[str, bool, str]
     from gpufleet.meta.trainer import TrainConfig
     from gpufleet.meta.tune import DEFAULT_GRID
 
-    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    torch.set_num_threads(1)  # the grid runs one small model at a time; more threads only contend
     results, checks = {}, []
     with tempfile.TemporaryDirectory(prefix="gpufleet-meta-quality-") as tmp:
         for name, tasks in _datasets(args, Path(tmp)):

@@ -95,3 +95,18 @@ def test_count_baselines(tasks: Path) -> None:
     plain, biased = (score_baseline(pop, cold, 10.0, bias) for bias in (False, True))
     assert biased.gauc == pytest.approx(plain.gauc)  # a per-task shift cannot re-rank inside a task
     assert biased.auc > plain.auc  # users differ in base rate, which the support set reveals
+
+
+def test_tune_command_prints_the_validation_table(tasks: Path, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from gpufleet.cli.meta import meta_app
+
+    out = tmp_path / "best.pt"
+    done = CliRunner().invoke(
+        meta_app, ["tune", str(tasks), "--grid", "inner_lr=0.2", "--adapt", "decision", "-o", str(out)]
+    )
+    assert done.exit_code == 0, done.output
+    assert "val GAUC" in done.output and "0.2" in done.output and out.is_file()
+    adapted = LoadedModel.load(out).model.adapted  # the decision layers: the top MLP's three linear layers
+    assert len(adapted) == 6 and all(n.startswith("top.") for n in adapted)

@@ -174,19 +174,21 @@ class MeLUDense(nn.Module):
 
 
 class TaskMemory(nn.Module):
-    """TaNP / MAMO-style task memory: each support sample (embeddings, dense features, label) through a small
-    MLP, averaged over the task's real samples, projected to one task vector of the embedding width."""
+    """TaNP / MAMO-style task memory: each support sample (embeddings, the same signed by the label, dense
+    features, label) through a small MLP, averaged over the task's real samples, projected to one task vector of
+    the embedding width. The signed copy lets a mean over the set hold "liked minus disliked" directly."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        width = config.num_sparse * config.emb_dim + config.num_dense + 1
+        width = 2 * config.num_sparse * config.emb_dim + config.num_dense + 1
         self.read = nn.Linear(width, config.memory)
         self.write = nn.Linear(config.memory, config.emb_dim)
 
     def forward(self, emb: torch.Tensor, dense: torch.Tensor, label: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Support set ([T, S, ...] or [S, ...]) -> task vectors [T, d] (or [d]); an empty set gives write's bias."""
         signed = (2.0 * label - 1.0).unsqueeze(-1)
-        hidden = torch.relu(self.read(torch.cat([emb.flatten(-2), dense, signed], dim=-1)))
+        flat = emb.flatten(-2)
+        hidden = torch.relu(self.read(torch.cat([flat, signed * flat, dense, signed], dim=-1)))
         weight = mask.to(hidden.dtype).unsqueeze(-1)
         pooled = (hidden * weight).sum(-2) / weight.sum(-2).clamp_min(1.0)
         return self.write(pooled)
