@@ -49,6 +49,9 @@ MAGNITUDES = {
     "hang": [-1.0, 6.0],
     "python-pause": [0.2, 0.1],  # periodic pauses between forward and backward: the lm workload only
 }
+#: per workload: magnitudes that differ. With 2 worker processes a slow batch only stalls training once the loader
+#: falls behind the step (~70 ms here): 30-60 ms per batch would not show at all
+WORKLOAD_MAGNITUDES = {"cnn-ddp-workers": {"slow-data": [0.15, 0.1]}}
 ONLY_LM = ("python-pause",)
 CLEAN_RUNS = 2
 HANG_FLAGS = ["--hang-timeout", "3"]
@@ -94,7 +97,7 @@ def plan(seeds: int, quick: bool, nproc: int) -> list[Run]:
             for k, kind in enumerate(MAGNITUDES):
                 if kind in ONLY_LM and name != "lm":
                     continue
-                mag = MAGNITUDES[kind][(w + seed + k) % 2]
+                mag = WORKLOAD_MAGNITUDES.get(name, {}).get(kind, MAGNITUDES[kind])[(w + seed + k) % 2]
                 runs.append(Run(name, kind, (w + seed + 3 * k) % nproc, mag, seed, half))
             for c in range(1 if quick else CLEAN_RUNS):
                 runs.append(Run(name, "none", None, 0.0, seed + 100 * c, half))

@@ -28,9 +28,10 @@ def test_straggler_found_when_the_others_wait_untraced(tmp_path, case, seed):
     assert diagnosis.alarms, [f.headline() for f in diagnosis.findings[:3]]
     top = diagnosis.alarms[0]
     assert (top.rank, top.category, top.function) == (fault.rank, category, function)
-    # the victims' evidence comes from their untraced waiting, not from a traced collective
+    # the victims wait where the training thread shows no event; the collective in flight on gloo's thread meanwhile
+    # makes that gap a wait
     assert top.evidence["others_slack_s_per_step"] == pytest.approx(0.02, rel=0.3)
-    assert abs(top.evidence["others_wait_s_per_step"]) < 0.005
+    assert top.evidence["others_wait_s_per_step"] == pytest.approx(0.02, rel=0.3)
     assert top.evidence["own_share_of_step"] > top.evidence["others_own_share_of_step"]
 
 
@@ -46,7 +47,7 @@ def test_a_pause_after_the_step_is_placed_at_the_step_end_with_its_evidence(tmp_
     top = TraceAnalyzer(write_job(tmp_path, shape)).diagnose().alarms[0]
     assert top.evidence["position"] == "after the step's last op"
     assert top.cost_s_per_step == pytest.approx(0.03, rel=0.05)
-    assert top.evidence["others_untraced_s_per_step"] == pytest.approx(0.03, rel=0.1)
+    assert top.evidence["others_slack_s_per_step"] == pytest.approx(0.03, rel=0.1)
 
 
 def test_untraced_gaps_tile_the_step_annotation_self_time(tmp_path):

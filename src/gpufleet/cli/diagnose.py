@@ -58,7 +58,7 @@ def analyze(
     show_all: Annotated[bool, typer.Option("--all", help="Also show findings below the alarm thresholds.")] = False,
     z: Annotated[float, typer.Option(help="Alarm threshold on the robust z-score.")] = 3.5,
     min_cost: Annotated[float, typer.Option(help="Alarm threshold on time lost, as a share of the median step.")] = (
-        0.02
+        0.08
     ),
     localisers: Annotated[
         str | None,

@@ -106,13 +106,21 @@ def traces_generate(
         ),
     ] = 0.8,
     rate: Annotated[float | None, typer.Option(help="Arrivals per hour (overrides --gpus/--load).")] = None,
-    arrival: Annotated[str, typer.Option(help="poisson, or fitted (Philly's daily and weekly profile).")] = "poisson",
+    arrival: Annotated[
+        str | None,
+        typer.Option(
+            help="poisson, or fitted (Philly's daily and weekly profile). Default: fitted with --gpus (its peaks "
+            "queue jobs; flat Poisson arrivals at 80 % load never queue on a large cluster), else poisson."
+        ),
+    ] = None,
     seed: Annotated[int, typer.Option(help="Random seed (same seed, same trace).")] = 0,
 ) -> None:
     """Generate a synthetic trace with Philly-fitted GPU mix and lognormal durations, for scale tests."""
     from gpufleet.traces import generate_jobs, write_trace
 
     target = load * gpus if gpus and rate is None else None
+    if arrival is None:
+        arrival = "fitted" if target is not None else "poisson"
     frame = generate_jobs(jobs, seed=seed, arrival=arrival, rate_per_hour=rate, target_busy_gpus=target)
     path = write_trace(frame, output)
     span_d = float(frame["submit_s"].max()) / 86400 if frame.height else 0.0

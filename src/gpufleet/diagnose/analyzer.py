@@ -74,7 +74,7 @@ class TraceAnalyzer:
     @cached_property
     def call_sites(self) -> pl.DataFrame:
         """Per (rank, domain, category, function, site): median own seconds of one call site over the steps."""
-        return call_sites(self.timelines)
+        return call_sites(self.timelines, self.thresholds.site_quantile)
 
     def function_summary(self) -> pl.DataFrame:
         """Per (rank, function): counts, duration statistics and share of step time."""

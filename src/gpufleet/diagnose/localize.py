@@ -39,6 +39,7 @@ __all__ = [
     "default_localisers",
     "localiser",
     "robust_z",
+    "steady_share",
 ]
 
 MAD_TO_SIGMA = 1.4826
@@ -49,7 +50,9 @@ class Thresholds:
     """Alarm thresholds: a finding alarms when its score and its cost both reach them."""
 
     z: float = 3.5
-    cost_share: float = 0.05  # of the median step time
+    # of the median step time; 0.08 was tuned on the tune half of bench/diagnose_accuracy.py (0.05 let a worker
+    # DataLoader's jitter alarm in a clean run)
+    cost_share: float = 0.08
     # a needless sync stalls a GPU pipeline more than a trace shows (on CPU it costs next to nothing), so
     # its finding alarms at this fraction of the usual cost threshold
     sync_cost_factor: float = 0.2
@@ -57,6 +60,16 @@ class Thresholds:
     data_share: float = 0.30  # data loading above this share of every rank's step is a pattern finding
     comm_share: float = 0.50  # exposed communication above this share of every rank's step
     pause_ratio: float = 3.0  # a step with this many times the median host stall is a pause
+    # a call site's steady time is this quantile of its time over the steps: 0.25 means a site must be slow in three
+    # steps of four (a process descheduled at the same place in half the steps is noise, a fault acts every step);
+    # tuned on the tune half of bench/diagnose_accuracy.py (the median let 3 of 10 clean runs alarm)
+    site_quantile: float = 0.25
+    # a straggler's excess alarms only when the other ranks wait (in any form) at least this share of it ...
+    victim_share: float = 0.25
+    # ... or when its robust z reaches this: an overwhelming steady excess is its own evidence (4 ranks on 2 cores:
+    # while a throttled rank sleeps, the others get its CPU and wait less); tuned on the tune half (the strongest
+    # non-fault finding there scored 9.4, the weakest such fault 16)
+    strong_z: float = 12.0
 
 
 @dataclass
@@ -115,6 +128,23 @@ def robust_z(values: np.ndarray, floor: float) -> np.ndarray:
     med = np.median(values)
     scale = max(MAD_TO_SIGMA * float(np.median(np.abs(values - med))), floor, 1e-12)
     return (values - med) / scale
+
+
+def steady_share(rows: pl.DataFrame, rank: int, cost: float) -> float:
+    """Share of steps in which ``rank`` spends at least half of ``cost`` more than the other ranks' median that step.
+
+    ``rows``: per-step rows (rank, step, time_s) of one category or function. A fault acts in every step it is in;
+    a process descheduled at the same place in some steps (4 ranks on 2 cores) does so in some of them only.
+    """
+    per = rows.group_by("rank", "step").agg(pl.col("time_s").sum())
+    wide = per.pivot(on="rank", index="step", values="time_s").fill_null(0.0)
+    key = str(rank)
+    others = [c for c in wide.columns if c not in ("step", key)]
+    if key not in wide.columns or not others or wide.height == 0:
+        return 0.0
+    mine = wide[key].to_numpy()
+    med = np.median(wide.select(others).to_numpy(), axis=1)
+    return float(np.mean(mine - med >= 0.5 * cost))
 
 
 def alarm(score: float, cost: float, ctx: LocaliserContext, category: str | None = None) -> bool:

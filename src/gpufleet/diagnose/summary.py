@@ -169,8 +169,8 @@ def per_step_functions(t: Timelines) -> pl.DataFrame:
     )
 
 
-def call_sites(t: Timelines) -> pl.DataFrame:
-    """Per (rank, domain, category, function, site): the median over steps of one call site's own seconds.
+def call_sites(t: Timelines, quantile: float = 0.5) -> pl.DataFrame:
+    """Per (rank, domain, category, function, site): a quantile over steps (the median) of one call site's own seconds.
 
     Site k of a function is its k-th call in a step: the same site does the same work every step (the same
     layer, the same bucket), so its median over the steps is a rank's steady cost there, untouched by a moment
@@ -185,7 +185,7 @@ def call_sites(t: Timelines) -> pl.DataFrame:
     full = grid.join(per_site, on=["rank", "step", *_KEYS[1:], "site"], how="left").with_columns(
         pl.col("t").fill_null(0.0)
     )
-    return full.group_by("rank", *_KEYS[1:], "site").agg(pl.col("t").median().alias("time_s"))
+    return full.group_by("rank", *_KEYS[1:], "site").agg(pl.col("t").quantile(quantile, "linear").alias("time_s"))
 
 
 def function_summary(t: Timelines) -> pl.DataFrame:

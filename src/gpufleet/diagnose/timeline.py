@@ -79,10 +79,12 @@ def _attach_steps(frame: pl.DataFrame, spans: pl.DataFrame) -> pl.DataFrame:
 
 
 def _nest(ts: np.ndarray, end: np.ndarray, own: list[str | None], is_annotation: np.ndarray, thread: np.ndarray):
-    """Self time, depth, scoped category and first child's start (-1: none) of events sorted by (thread, ts, -dur)."""
+    """Self time, depth, scoped category, first child's start and parent's row (-1: none) of events sorted by
+    (thread, ts, -dur): one stack walk."""
     n = len(ts)
     child_ns = np.zeros(n, dtype=np.int64)
     first_child = np.full(n, -1, dtype=np.int64)
+    parents = np.full(n, -1, dtype=np.int64)
     depth = np.zeros(n, dtype=np.int32)
     category: list[str] = [COMPUTE] * n
     stack: list[int] = []
@@ -99,6 +101,7 @@ def _nest(ts: np.ndarray, end: np.ndarray, own: list[str | None], is_annotation:
             stack.pop()
         parent = stack[-1] if stack else -1
         mine = own[i]
+        parents[i] = parent
         if parent >= 0:
             if first_child[parent] < 0:
                 first_child[parent] = start
@@ -114,7 +117,7 @@ def _nest(ts: np.ndarray, end: np.ndarray, own: list[str | None], is_annotation:
         else:
             category[i] = mine or (CPU_STALL if ann_l[i] else COMPUTE)
         stack.append(i)
-    return child_ns, depth, category, first_child
+    return child_ns, depth, category, first_child, parents
 
 
 def host_timeline(events: pl.DataFrame, spans: pl.DataFrame | None = None) -> pl.DataFrame:
@@ -137,14 +140,15 @@ def host_timeline(events: pl.DataFrame, spans: pl.DataFrame | None = None) -> pl
     ts = host["ts_ns"].to_numpy()
     end = ts + host["dur_ns"].fill_null(0).to_numpy()
     is_ann = host["cat"].is_in(list(ANNOTATION_CATS)).to_numpy()
-    child_ns, depth, category, first_child = _nest(ts, end, host["own"].to_list(), is_ann, thread)
+    child_ns, depth, category, first_child, parents = _nest(ts, end, host["own"].to_list(), is_ann, thread)
     host = host.with_columns(
         pl.Series("depth", depth),
         pl.Series("_first_child", first_child),
+        pl.Series("_parent", parents),
         pl.Series("category", category, dtype=pl.Utf8),
         (pl.col("dur_ns") - pl.Series("child_ns", child_ns)).clip(lower_bound=0).alias("self_ns"),
     )
-    host = _wait_time(host, spans).drop("own", "_first_child")
+    host = _wait_time(host, spans).drop("own", "_first_child", "_parent")
     return _attach_steps(host, spans)
 
 
@@ -169,7 +173,7 @@ def _wait_time(host: pl.DataFrame, spans: pl.DataFrame) -> pl.DataFrame:
     """``wait_ns``: the part of an event's self time spent waiting for other ranks or for the device.
 
     Collective implementations (``gloo:all_reduce`` on gloo's worker thread) and synchronisations wait
-    for all their self time. A communication-scope event on the training thread waits for the part of
+    for all their self time. A communication-scope event or an annotation on the training thread waits for the part of
     its span, from its first op on, covered by a collective in flight on the same rank (the untraced
     ``work.wait()``), and all of it when it holds no op and a collective ends inside it (a blocking wait,
     woken up after the end); the rest of its self time (packing buckets, a delay before its first op, a
@@ -181,9 +185,14 @@ def _wait_time(host: pl.DataFrame, spans: pl.DataFrame) -> pl.DataFrame:
     if colls.is_empty():
         return host
     parts = []
-    for (rank,), group in host.with_row_index("_row").group_by("rank"):
+    rows = host.with_row_index("_row")
+    for (rank,), group in rows.group_by("rank"):
         c = colls.filter(pl.col("rank") == rank)
-        cand = group.filter((pl.col("category") == COMMUNICATION) & ~pl.col("name").str.contains(COLLECTIVE_IMPL))
+        # communication-scope events, and annotations (whose self time is host time outside every op: DDP's forward
+        # waiting for its buffers' broadcast, a user's "train_step" around a blocked reducer)
+        comm = pl.col("category") == COMMUNICATION
+        annotation = pl.col("cat").is_in(list(ANNOTATION_CATS)) & ~pl.col("name").str.starts_with("ProfilerStep#")
+        cand = group.filter((comm | annotation) & ~pl.col("name").str.contains(COLLECTIVE_IMPL))
         if c.is_empty() or cand.is_empty():
             continue
         c_end = (c["ts_ns"] + c["dur_ns"]).to_numpy()
@@ -193,11 +202,21 @@ def _wait_time(host: pl.DataFrame, spans: pl.DataFrame) -> pl.DataFrame:
         # slow comm hook's own work) is its own, even while an earlier collective is still in flight
         first = cand["_first_child"].to_numpy()
         overlap = f(start + dur) - f(np.where(first >= 0, first, start))
+        # only the event's self time can wait: take off what its children's own spans cover
+        kids = group.filter(pl.col("_parent") >= 0)
+        kid_cov = f((kids["ts_ns"] + kids["dur_ns"]).to_numpy()) - f(kids["ts_ns"].to_numpy())
+        by_parent = (
+            pl.DataFrame({"_row": kids["_parent"].cast(pl.UInt32), "_kc": kid_cov})
+            .group_by("_row")
+            .agg(pl.col("_kc").sum())
+        )
+        kc = cand.select("_row").join(by_parent, on="_row", how="left")["_kc"].fill_null(0).to_numpy()
+        overlap = np.clip(overlap - kc, 0, None)
         # a blocking wait (no op inside it) in which a collective ends waited all along: after the collective
         # ended, the thread was only being woken up (on a busy CPU, milliseconds), which is no work of its own
         ends = np.sort(c_end)
         ended_inside = np.searchsorted(ends, start + dur, side="right") > np.searchsorted(ends, start, side="right")
-        blocking = ended_inside & (cand["self_ns"].to_numpy() == dur)
+        blocking = ended_inside & (cand["self_ns"].to_numpy() == dur) & (cand["category"] == COMMUNICATION).to_numpy()
         overlap = np.where(blocking, dur, overlap)
         parts.append(pl.DataFrame({"_row": cand["_row"], "_overlap": overlap.astype(np.int64)}))
     if not parts:
@@ -212,9 +231,10 @@ def _wait_time(host: pl.DataFrame, spans: pl.DataFrame) -> pl.DataFrame:
 def gap_waits(gaps: pl.DataFrame, host: pl.DataFrame) -> np.ndarray:
     """Per gap (rank, ts_ns, time_ns: host time outside every op): the nanoseconds of it spent waiting on a collective.
 
-    A gap while one of the rank's collectives is in flight is the training thread blocked on it where no event says
-    so (DDP's reducer waiting inside the autograd engine, an untraced ``work.wait()``); a gap in which a collective
-    ends waited all along (the rest was waking up). Other gaps are the rank's own untraced work.
+    The part of a gap while one of the rank's collectives is in flight is the training thread blocked on it where no
+    event says so (DDP's reducer waiting inside the autograd engine, an untraced ``work.wait()``). Unlike a blocking
+    op, a gap in which a collective ends is not counted as waiting all along: gloo closes its event a little after it
+    released the waiting thread, so the gap after it may be the rank's own work (a pause after the optimizer).
     """
     out = np.zeros(gaps.height, dtype=np.int64)
     colls = host.filter(pl.col("name").str.contains(COLLECTIVE_IMPL))
@@ -228,9 +248,7 @@ def gap_waits(gaps: pl.DataFrame, host: pl.DataFrame) -> np.ndarray:
         c_end = (c["ts_ns"] + c["dur_ns"]).to_numpy()
         f = _covered(c["ts_ns"].to_numpy(), c_end)
         start, dur = g["ts_ns"].to_numpy(), g["time_ns"].to_numpy()
-        ends = np.sort(c_end)
-        ended = np.searchsorted(ends, start + dur, side="right") > np.searchsorted(ends, start, side="right")
-        out[g["_row"].to_numpy()] = np.where(ended, dur, np.minimum(f(start + dur) - f(start), dur))
+        out[g["_row"].to_numpy()] = np.minimum(f(start + dur) - f(start), dur)
     return out
 
 

@@ -46,9 +46,11 @@ class Slack:
     def per_rank(self, exclude: pl.Expr | None = None) -> dict[int, dict[str, float]]:
         """Per rank, medians over its steps: ``wait`` (traced), ``untraced``, ``slack`` (their sum) and ``step``.
 
-        ``exclude`` drops rows (a finding's own functions) before summing.
+        ``exclude`` selects rows whose untraced time is the finding's own work, not slack (their waits still count).
         """
-        rows = self._rows if exclude is None else self._rows.filter(~exclude)
+        rows = self._rows
+        if exclude is not None:
+            rows = rows.with_columns(pl.when(exclude).then(0.0).otherwise(pl.col("untraced")).alias("untraced"))
         per_step = (
             rows.group_by("rank", "step")
             .agg(pl.col("wait").sum(), pl.col("untraced").sum())

@@ -6,12 +6,9 @@ import numpy as np
 import polars as pl
 
 from gpufleet.diagnose.findings import Finding
-from gpufleet.diagnose.localize import MAD_TO_SIGMA, Localiser, LocaliserContext, alarm, localiser
+from gpufleet.diagnose.localize import MAD_TO_SIGMA, Localiser, LocaliserContext, alarm, localiser, steady_share
 from gpufleet.diagnose.summary import UNTRACED
 from gpufleet.diagnose.victims import Slack
-
-#: a cross-rank excess alarms only when the other ranks wait at least this share of it
-VICTIM_SHARE = 0.25
 
 
 def _top_functions(sites: pl.DataFrame, ranks: list[int], rank: int, k: int = 3) -> list[dict]:
@@ -44,6 +41,18 @@ def _top_functions(sites: pl.DataFrame, ranks: list[int], rank: int, k: int = 3)
     ]
 
 
+def delays_others(others_slack: float | None, cost: float, ctx: LocaliserContext, score: float = 0.0) -> bool:
+    """Whether the other ranks wait for a rank's excess: at least ``victim_share`` of it (or no wait is known, or
+    the excess is overwhelming: ``strong_z``).
+
+    A straggler's extra work holds the others at the next point they synchronise, in whatever form their waiting
+    takes (:mod:`gpufleet.diagnose.victims`). An excess nobody waits for is overlapped, or the rank was itself
+    descheduled while the others waited anyway: not a straggler.
+    """
+    t = ctx.thresholds
+    return others_slack is None or others_slack >= t.victim_share * cost or score >= t.strong_z
+
+
 def _own_untraced() -> pl.Expr:
     """Rows of untraced host time: step gaps and annotations' self time."""
     return pl.col("function").str.starts_with(UNTRACED) | (pl.col("category") == "cpu_stall")
@@ -64,7 +73,7 @@ def _spread(top: list[dict], cost: float) -> dict[str, float | int]:
 class CrossRank(Localiser):
     """A rank whose steady own time in one category exceeds the other ranks' (they then wait for it).
 
-    A rank's steady time is the sum, over its call sites, of each site's median over the steps (see
+    A rank's steady time is the sum, over its call sites, of each site's low quantile over the steps (see
     :func:`gpufleet.diagnose.summary.call_sites`). Per-step sums swing with every moment a process is
     descheduled; the per-site medians do not, yet move with a slowdown that every step shares.
     """
@@ -91,6 +100,8 @@ class CrossRank(Localiser):
                 if score < 2.0 or cost <= 0:
                     continue
                 rows = ctx.sites.filter((pl.col("domain") == domain) & (pl.col("category") == category))
+                step_rows = ctx.steps.filter((pl.col("domain") == domain) & (pl.col("category") == category))
+                steady = steady_share(step_rows, rank, cost)
                 top = _top_functions(rows, ranks, rank)
                 # the finding's own untraced time is its work, not its waiting
                 victims = slack.evidence(rank, exclude=(pl.col("category") == category) & _own_untraced())
@@ -107,20 +118,12 @@ class CrossRank(Localiser):
                             "median_rank_s_per_step": round(others, 6),
                             "top_functions": top,
                             "spread": _spread(top, cost),
+                            "steps_with_excess": round(steady, 3),
                             **victims,
                         },
                         localiser=self.name,
-                        alarm=alarm(score, cost, ctx) and self._delays_others(victims["others_slack_s_per_step"], cost),
+                        alarm=alarm(score, cost, ctx)
+                        and delays_others(victims["others_slack_s_per_step"], cost, ctx, score),
                     )
                 )
         return findings
-
-    @staticmethod
-    def _delays_others(others_slack: float | None, cost: float) -> bool:
-        """Whether the other ranks wait for this rank's excess: at least a quarter of it (or no wait is known).
-
-        A straggler's extra work holds the others at the next point they synchronise, in whatever form their
-        waiting takes (:mod:`gpufleet.diagnose.victims`). An excess nobody waits for is overlapped, or the rank was
-        itself descheduled while the others waited anyway: not a straggler.
-        """
-        return others_slack is None or others_slack >= VICTIM_SHARE * cost

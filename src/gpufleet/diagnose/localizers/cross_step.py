@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from gpufleet.diagnose.categories import CPU_STALL
+from gpufleet.diagnose.categories import CPU_STALL, DATA_LOADING
 from gpufleet.diagnose.findings import Finding
 from gpufleet.diagnose.localize import Localiser, LocaliserContext, alarm, localiser, robust_z
 from gpufleet.diagnose.summary import UNTRACED
@@ -13,7 +13,7 @@ from gpufleet.diagnose.summary import UNTRACED
 
 @localiser("cross-step")
 class CrossStep(Localiser):
-    """Long host pauses in some steps of a rank: host time outside ops far above the rank's median step."""
+    """Long pauses in some steps of a rank: host time outside ops, or the input pipeline, far above its median step."""
 
     order = 30
 
@@ -21,11 +21,13 @@ class CrossStep(Localiser):
         # every untraced host moment: a pause in some steps is a stall wherever it falls (a steady gap before the
         # first op, every step, is the input pipeline's: the ``untraced`` localiser's)
         untraced = (pl.col("category") == CPU_STALL) | pl.col("function").str.starts_with(UNTRACED)
-        stall = (
-            ctx.steps.filter(untraced & (pl.col("domain") == "host"))
-            .group_by("rank", "step")
-            .agg(pl.col("time_s").sum())
-        )
+        # a loader with worker processes falls behind in bursts: the prefetched batches hide it in the other steps
+        loader = (pl.col("category") == DATA_LOADING) & ~pl.col("function").str.starts_with(UNTRACED)
+        return self._pauses(ctx, untraced, CPU_STALL) + self._pauses(ctx, loader, DATA_LOADING)
+
+    def _pauses(self, ctx: LocaliserContext, rows: pl.Expr, category: str) -> list[Finding]:
+        host = ctx.steps.filter(rows & (pl.col("domain") == "host"))
+        stall = host.group_by("rank", "step").agg(pl.col("time_s").sum())
         findings = []
         spiky_ranks: set[int] = set()
         shared_only: list[int] = []
@@ -52,18 +54,22 @@ class CrossStep(Localiser):
             score = float(np.median(z[spikes]))
             steps = group.sort("step")["step"].to_numpy()[spikes]
             period = float(np.median(np.diff(steps))) if len(steps) > 1 else None
+            function = "<untraced host time>"
+            if category != CPU_STALL:
+                mine = host.filter(pl.col("rank") == rank).group_by("function").agg(pl.col("time_s").sum())
+                function = str(mine.sort("time_s", descending=True)["function"][0])
             findings.append(
                 Finding(
                     rank=int(rank),
-                    function="<untraced host time>",
-                    category=CPU_STALL,
+                    function=function,
+                    category=category,
                     cost_s_per_step=cost,
                     score=score,
                     evidence={
                         "pause_steps": steps.tolist(),
                         "period_steps": period,
                         "median_pause_s": round(float(np.median(t[spikes])), 6),
-                        "median_step_stall_s": round(med, 6),
+                        "median_step_s": round(med, 6),
                     },
                     localiser=self.name,
                     alarm=alarm(score, cost, ctx),

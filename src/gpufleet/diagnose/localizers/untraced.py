@@ -13,8 +13,8 @@ import numpy as np
 import polars as pl
 
 from gpufleet.diagnose.findings import Finding
-from gpufleet.diagnose.localize import MAD_TO_SIGMA, Localiser, LocaliserContext, alarm, localiser
-from gpufleet.diagnose.localizers.cross_rank import VICTIM_SHARE
+from gpufleet.diagnose.localize import MAD_TO_SIGMA, Localiser, LocaliserContext, alarm, localiser, steady_share
+from gpufleet.diagnose.localizers.cross_rank import delays_others
 from gpufleet.diagnose.summary import STEP_END, STEP_START, UNTRACED
 from gpufleet.diagnose.victims import Slack
 
@@ -55,7 +55,8 @@ class Untraced(Localiser):
                 if score < 2.0 or cost <= 0:
                     continue
                 victims = slack.evidence(rank, exclude=pl.col("function") == function)
-                waited = victims["others_slack_s_per_step"]
+                step_rows = ctx.steps.filter((pl.col("domain") == "host") & (pl.col("function") == function))
+                steady = steady_share(step_rows, rank, cost)
                 findings.append(
                     Finding(
                         rank=rank,
@@ -65,12 +66,14 @@ class Untraced(Localiser):
                         score=score,
                         evidence={
                             "position": _position(str(function)),
+                            "steps_with_excess": round(steady, 3),
                             "this_rank_s_per_step": round(float(values[i]), 6),
                             "median_rank_s_per_step": round(others, 6),
                             **victims,
                         },
                         localiser=self.name,
-                        alarm=alarm(score, cost, ctx) and (waited is None or waited >= VICTIM_SHARE * cost),
+                        alarm=alarm(score, cost, ctx)
+                        and delays_others(victims["others_slack_s_per_step"], cost, ctx, score),
                     )
                 )
         return findings
