@@ -137,7 +137,17 @@ def test_traces_generate(tmp_path):
     out = tmp_path / "syn.parquet"
     res = gpufleet("traces", "generate", "-n", "5000", "--gpus", "1000", "--load", "0.7", "-o", str(out))
     assert res.returncode == 0, res.stderr
-    assert pl.read_parquet(out).height == 5000
+    frame = pl.read_parquet(out)
+    assert frame.height == 5000
+    # a trace asked to load a cluster follows Philly's hour-of-week arrivals unless told otherwise
+    from gpufleet.traces import generate_jobs
+
+    fitted = generate_jobs(5000, seed=0, arrival="fitted", target_busy_gpus=700.0)
+    assert frame["submit_s"].to_list() == fitted["submit_s"].to_list()
+    flat = tmp_path / "flat.parquet"
+    res = gpufleet("traces", "generate", "-n", "5000", "--gpus", "1000", "--arrival", "poisson", "-o", str(flat))
+    assert res.returncode == 0, res.stderr
+    assert pl.read_parquet(flat)["submit_s"].to_list() != fitted["submit_s"].to_list()
 
 
 @pytest.mark.parametrize(
