@@ -1,7 +1,7 @@
 """Fairness between tenants: tenant A floods at 10x its rate limit while tenant B sends at a steady pace.
 
     python bench/serve_fairness.py                 # about 2 minutes on 2 CPU cores
-    python bench/serve_fairness.py --seconds 30    # longer phases, steadier medians
+    python bench/serve_fairness.py --repeat 3      # every phase 3 times in turns, B's TTFTs pooled
 
 The server (CPU engine, random tiny Llama, 8 random adapters, batch 32) runs in a child process; tenant A's flood
 runs in another (non-streamed requests over raw HTTP, so that its client's CPU does not delay B's); tenant B's
@@ -132,6 +132,18 @@ def run_phase(
     return {"b": b, "a": a_counts, "health": metrics}
 
 
+def _pooled(results: list[dict[str, object]]) -> dict[str, object]:
+    """Several runs of a phase as one: B's TTFTs pooled, every count summed."""
+    a: dict[str, int] = {}
+    errors: dict[str, int] = {}
+    for result in results:
+        for k, v in result["a"].items():
+            a[k] = a.get(k, 0) + v
+        for k, v in result["b"]["errors"].items():
+            errors[k] = errors.get(k, 0) + v
+    return {"a": a, "b": {"ttft": [t for r in results for t in r["b"]["ttft"]], "errors": errors}}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=20.0, help="length of each phase")
@@ -140,6 +152,7 @@ def main() -> None:
     ap.add_argument("--b-rate", type=float, default=4.0, help="tenant B's requests per second")
     ap.add_argument("--b-tokens", type=int, default=32)
     ap.add_argument("--batch", type=int, default=32, help="the fair queue's bound (the engine's batch)")
+    ap.add_argument("--repeat", type=int, default=1, help="runs of every phase, in turns; B's TTFTs are pooled")
     ap.add_argument("--flood-url", help=argparse.SUPPRESS)
     ap.add_argument("--a-times", type=float, default=10.0, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -151,17 +164,27 @@ def main() -> None:
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         limited, unlimited = keys_file(Path(tmp), args.a_limit), keys_file(Path(tmp), None)
-        phases = {
-            "B alone": run_phase(limited, args.batch, args, with_flood=False),
-            "A at its limit": run_phase(limited, args.batch, args, with_flood=True, a_times=1.0),
-            "A floods, gpufleet": run_phase(limited, args.batch, args, with_flood=True),
-            "A floods, queue only": run_phase(unlimited, args.batch, args, with_flood=True),
-            "A floods, no fairness": run_phase(unlimited, None, args, with_flood=True),
+        plan = {
+            "B alone": (limited, args.batch, False, 10.0),
+            "A at its limit": (limited, args.batch, True, 1.0),
+            "A floods, gpufleet": (limited, args.batch, True, 10.0),
+            "A floods, queue only": (unlimited, args.batch, True, 10.0),
+            "A floods, no fairness": (unlimited, None, True, 10.0),
         }
+        runs: dict[str, list[dict[str, object]]] = {name: [] for name in plan}
+        for _ in range(args.repeat):  # phases in turns, so that a slow spell of the machine hits each alike
+            for name, (keys, max_running, with_flood, times) in plan.items():
+                runs[name].append(run_phase(keys, max_running, args, with_flood, times))
+    phases = {name: _pooled(results) for name, results in runs.items()}
+    alone_runs = [statistics.median(r["b"]["ttft"]) for r in runs["B alone"]]
+    ratios = {
+        name: [statistics.median(r["b"]["ttft"]) / ref for r, ref in zip(rs, alone_runs, strict=True)]
+        for name, rs in runs.items()
+    }
     table = Table(
         title=f"tenant A floods at {10 * args.a_limit:g} req/s (10x its limit of {args.a_limit:g}) x "
         f"{args.a_tokens} tokens; tenant B sends {args.b_rate:g} req/s x {args.b_tokens} tokens, streamed "
-        f"({args.seconds:g} s phases, {time.perf_counter() - t0:.0f} s in all)",
+        f"({args.seconds:g} s phases x {args.repeat}, {time.perf_counter() - t0:.0f} s in all)",
         header_style="bold",
     )
     for col in (
@@ -192,6 +215,7 @@ def main() -> None:
             f"{1000 * median:.1f}",
             f"{1000 * ttft[int(0.9 * (len(ttft) - 1))]:.1f}",
             f"{median / alone:.2f}x",
+            " ".join(f"{x:.2f}" for x in ratios[name]),
         )
     console.print(table)
     fair = phases["A floods, gpufleet"]
