@@ -39,7 +39,7 @@ from rich.table import Table
 from serve_child import start_server
 
 KEY_A, KEY_B = "sk-bench-tenant-a-000000", "sk-bench-tenant-b-000000"
-console = Console(width=160)
+console = Console(width=200)
 
 
 def keys_file(folder: Path, a_limit: float | None) -> Path:
