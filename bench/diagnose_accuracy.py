@@ -10,10 +10,10 @@ The suite is split BEFORE any tuning, here in code: a run belongs to the held-ap
 ``(workload index + seed) % 2 == 1``, so every workload has seeds on both sides and every seed both workloads.
 Thresholds were tuned on the ``tune`` half only; the ``held`` half was run once, at the end.
 
-    python bench/diagnose_accuracy.py                     # both halves, 90 runs, ~40 min on 2 cores
+    python bench/diagnose_accuracy.py                     # both halves, 92 runs, ~23 min on 2 cores
     python bench/diagnose_accuracy.py --half tune --out /tmp/tune   # keep the traces ...
     python bench/diagnose_accuracy.py --half tune --out /tmp/tune --reuse   # ... and re-diagnose them only
-    python bench/diagnose_accuracy.py --quick             # 3 workloads, one clean run each: ~16 min
+    python bench/diagnose_accuracy.py --quick             # 3 workloads, one clean run each: 50 runs, ~12 min
 """
 
 from __future__ import annotations

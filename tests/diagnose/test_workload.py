@@ -15,7 +15,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from gpufleet.diagnose import faults, workload  # noqa: E402
+from gpufleet.diagnose import faults, workload_parts  # noqa: E402
 from gpufleet.diagnose.faults import Fault, parse_fault  # noqa: E402
 from gpufleet.diagnose.workload import COMM_WAIT, SECTIONS, Block, main, make_buckets, run_workload  # noqa: E402
 from gpufleet.errors import ConfigError  # noqa: E402
@@ -89,7 +89,7 @@ def test_slow_rank_throttles_every_linear_forward_and_backward_with_the_same_res
     waits: list[float] = []
     ticks = itertools.count()
     monkeypatch.setattr(faults, "sleep", waits.append)
-    monkeypatch.setattr(workload, "_now", lambda: float(next(ticks)))  # 1 s passes between two readings
+    monkeypatch.setattr(workload_parts, "_now", lambda: float(next(ticks)))  # 1 s passes between two readings
 
     def run(throttle: float) -> tuple[torch.Tensor, torch.Tensor]:
         torch.manual_seed(0)

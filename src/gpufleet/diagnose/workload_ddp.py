@@ -29,16 +29,16 @@ from torch.utils.data import DataLoader, Dataset
 
 from gpufleet.diagnose import faults
 from gpufleet.diagnose.faults import Fault, parse_fault
-from gpufleet.diagnose.workload import (
+from gpufleet.diagnose.workload_parts import (
+    Hung,
     MomentumSGD,
+    Profile,
     SlowCollate,
     SyntheticTokens,
     TinyLM,
-    _ground_truth,
-    _Hung,
-    _init_dist,
-    _Profile,
     export_trace,
+    ground_truth,
+    init_dist,
     throttled,
 )
 
@@ -151,7 +151,7 @@ def train_ddp(args: argparse.Namespace) -> int:
     """Run a DDP family on this rank (see the module docstring); returns the process exit status."""
     torch.set_num_threads(1)
     fault = parse_fault(args.fault)
-    rank, world, dev = _init_dist(args.device, args.timeout)
+    rank, world, dev = init_dist(args.device, args.timeout)
     fault = parse_fault(args.fault, world)
     if fault.kind == "hang" and fault.magnitude < 0:
         fault = Fault("hang", fault.rank, args.hang_timeout + 2.0)
@@ -162,7 +162,7 @@ def train_ddp(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     if rank == 0:
         (out / "fault.json").write_text(
-            json.dumps(_ground_truth(args, fault, world, pause_steps, hang_step), indent=2) + "\n"
+            json.dumps(ground_truth(args, fault, world, pause_steps, hang_step), indent=2) + "\n"
         )
     model, data, loss_fn = _model(args, fault, rank)
     ddp = DistributedDataParallel(model.to(dev), bucket_cap_mb=args.bucket_mb)
@@ -178,7 +178,7 @@ def train_ddp(args: argparse.Namespace) -> int:
         if hasattr(dist.distributed_c10d, "_set_pg_timeout"):
             dist.distributed_c10d._set_pg_timeout(timedelta(seconds=args.hang_timeout))
     trace_path = out / f"rank-{rank}.json.gz"
-    prof = _Profile(
+    prof = Profile(
         activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else []),
         schedule=schedule(wait=args.wait, warmup=args.warmup, active=args.steps, repeat=1),
         on_trace_ready=lambda p: export_trace(p, trace_path),
@@ -207,14 +207,14 @@ def train_ddp(args: argparse.Namespace) -> int:
                         faults.python_pause(fault.magnitude)
                     if fault.on(rank, "hang") and i == hang_step:
                         faults.sleep(fault.magnitude)  # stuck before backward: the others wait in the reducer
-                        raise _Hung
+                        raise Hung
                     loss.backward()
             opt.step()
             if fault.on(rank, "host-after"):
                 faults.python_pause(fault.magnitude)
             step_s.append(time.perf_counter() - t0)
             prof.step()
-    except _Hung:
+    except Hung:
         pass
     except (RuntimeError, dist.DistError) as e:
         if fault.kind != "hang":
