@@ -38,6 +38,7 @@ class BenchConfig:
     model: str = "dlrm"
     maml: str = "first-order"
     naive_accuracy_ranks: tuple[int, ...] = (4,)
+    repeats: int = 2
     extra_args: tuple[str, ...] = field(default_factory=tuple)
 
 
@@ -62,7 +63,10 @@ def _launch(ranks: int, args: list[str], log: Callable[[str], None]) -> float:
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - start
     if done.returncode != 0:
-        raise MetaError(f"training run failed ({' '.join(cmd[-8:])}): {done.stderr.strip()[-1500:]}")
+        causes = [ln for ln in done.stderr.splitlines() if "rror" in ln or "terminate" in ln or "what()" in ln]
+        raise MetaError(
+            f"training run failed ({' '.join(cmd[-8:])}): {' | '.join(causes[:6])} ... {done.stderr.strip()[-600:]}"
+        )
     trainer = args[args.index("--trainer") + 1] if "--trainer" in args else "gmeta"
     log(f"  {trainer} on {ranks} rank(s){' (to the end)' if '--max-steps' not in args else ''}: {wall:.1f} s")
     return wall
@@ -129,13 +133,19 @@ def run_bench(config: BenchConfig, log: Callable[[str], None] = print) -> dict[s
             prepare_movielens_100k(tasks)
             log(f"prepared MovieLens-100k into {tasks}")
         throughput: dict[str, dict[int, dict[str, Any]]] = {t: {} for t in TRAINERS}
-        for trainer in TRAINERS:
-            for ranks in config.ranks:
-                stats_path = tmp / f"{trainer}-{ranks}.json"
-                launch = _launch(
-                    ranks, _train_args(config, tasks, trainer, tmp / "m.pt", stats_path, config.steps), log
-                )
-                throughput[trainer][ranks] = _summarise(json.loads(stats_path.read_text()), launch)
+        # the two trainers alternate, run after run, so that both meet the same load on a shared machine; each
+        # point is the faster of `repeats` runs (another process's burst only ever slows a run down)
+        for ranks in config.ranks:
+            for _ in range(config.repeats):
+                for trainer in TRAINERS:
+                    stats_path = tmp / f"{trainer}-{ranks}.json"
+                    launch = _launch(
+                        ranks, _train_args(config, tasks, trainer, tmp / "m.pt", stats_path, config.steps), log
+                    )
+                    run = _summarise(json.loads(stats_path.read_text()), launch)
+                    best = throughput[trainer].get(ranks)
+                    if best is None or run["tasks_per_s"] > best["tasks_per_s"]:
+                        throughput[trainer][ranks] = run
         result: dict[str, Any] = {
             "config": {k: str(v) if isinstance(v, Path) else v for k, v in config.__dict__.items()},
             "throughput": throughput,
