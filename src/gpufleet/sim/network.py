@@ -106,6 +106,7 @@ class NetworkState:
         self.base_speed: dict[int, float] = {}
         self.committed: dict[int, float] = {}  # the contention ratio in force for each running job
         self.worst: dict[int, float] = {}  # each running job's bottleneck term when it was last rated
+        self._stale: set[int] = set()  # running jobs whose bottleneck may have moved since they were last rated
         self._cache: dict[tuple[str, int, int, int], tuple[float, float, float]] = {}
         self.multi_node_starts = 0
         self.starts = 0
@@ -178,6 +179,7 @@ class NetworkState:
                     # k slows only if this link becomes its most loaded one
                     if k != j and (after - pk) / cap > worst.get(k, 0.0) + 1e-12:
                         touched[k] = None
+        self._stale.update(touched)
         return list(touched)
 
     def detach(self, j: int) -> list[int]:
@@ -203,6 +205,8 @@ class NetworkState:
                     x = (before - pk) / cap
                     if x > 0.0 and x >= worst.get(k, 0.0) - 1e-12:
                         touched[k] = None
+        self._stale.update(touched)
+        self._stale.discard(j)
         self.s.pop(j, None)
         self.worst.pop(j, None)
         self.base_speed.pop(j, None)
@@ -226,6 +230,7 @@ class NetworkState:
             return 1.0
         term = self._term(j)
         self.worst[j] = term
+        self._stale.discard(j)
         return 1.0 / (1.0 + s * term)
 
     def current_ratio(self, j: int) -> float:
@@ -254,30 +259,33 @@ class NetworkState:
         load, cap, on, up = self.load, self.cap, self.on_link, self.uplink
         term = max(max(0.0, (load[link] + inten - cap[link]) if up[link] else load[link]) / cap[link] for link in links)
         own = 1.0 / (1.0 + s * term)
-        harm = 0.0
-        mine = set(links)
-        seen: set[int] = set()
+        # the jobs met on my links, each with the worst term my traffic would give it on a shared link; a job
+        # loses speed only where that beats its current bottleneck (its term when last rated, unless a start or
+        # stop has touched it since)
+        after_of: dict[int, float] = {}
         for link in links:
-            if up[link] and load[link] + inten <= cap[link]:
-                continue  # an uplink still under capacity slows nobody: only jobs met on other links can lose
-            for k in on[link]:
-                if k in seen:
-                    continue
-                seen.add(k)
-                sk = self.s.get(k, 0.0)
-                if sk == 0.0:
-                    continue
-                before = after = 0.0
-                for lk in self.links[k]:
-                    add = inten if lk in mine else 0.0
-                    if up[lk]:
-                        b = max(0.0, load[lk] - cap[lk]) / cap[lk]
-                        a = max(0.0, load[lk] + add - cap[lk]) / cap[lk]
-                    else:
-                        b = (load[lk] - on[lk][k]) / cap[lk]
-                        a = b + add / cap[lk]
-                    before = max(before, b)
-                    after = max(after, a)
+            c = cap[link]
+            if up[link]:
+                if load[link] + inten <= c:
+                    continue  # an uplink still under capacity slows nobody: only jobs met on other links can lose
+                a = max(0.0, load[link] + inten - c) / c
+                for k in on[link]:
+                    if a > after_of.get(k, -1.0):
+                        after_of[k] = a
+            else:
+                lk = load[link]
+                for k, pk in on[link].items():
+                    a = (lk - pk) / c + inten / c
+                    if a > after_of.get(k, -1.0):
+                        after_of[k] = a
+        harm = 0.0
+        worst, stale, s_of = self.worst, self._stale, self.s
+        for k, after in after_of.items():
+            sk = s_of.get(k, 0.0)
+            if sk == 0.0:
+                continue
+            before = worst[k] if k in worst and k not in stale else self._term(k)
+            if after > before:
                 harm += self.gpus[k] * self.base_speed[k] * (1.0 / (1.0 + sk * before) - 1.0 / (1.0 + sk * after))
         return speed * own, own, harm
 

@@ -19,6 +19,20 @@ class ContentionPlacement(CandidatePlacement):
     needs: ClassVar[frozenset[str]] = frozenset({"network"})
     options: ClassVar[dict[str, float | str]] = {"wait_below": 0.0}
 
+    def place(self, j: int, p: int, part: Any) -> Any:
+        """A job that fits on one node goes to the best-fit node at once: one node uses no link, runs at full
+        speed (spreading never beats the fewest nodes) and takes nothing from others, so it costs 0, the least
+        any candidate can, and ties go to the first slot, the same node. Only the others build the candidates."""
+        g = self.sim.gpus[j]
+        gpn = part.gpus_per_node
+        if g <= gpn and g <= part.total_free and float(self.opts["wait_below"]) <= 1.0:
+            buckets = part.buckets
+            for k in range(g, gpn + 1):
+                if buckets[k]:
+                    self.waited = False
+                    return part.take([(next(iter(buckets[k])), g)])
+        return super().place(j, p, part)
+
     def choose(self, j: int, p: int, part: Any, cands: list) -> int | None:
         best, speed = least_cost(self.scores(j, p, cands), self.sim.gpus[j])
         if best is not None and speed < float(self.opts["wait_below"]) and self.sim.n_running > 0 and self.may_wait:
