@@ -6,14 +6,18 @@ and with worker processes, and DDP with gradient accumulation (``no_sync``) -- u
 magnitudes on rotating ranks, plus clean runs. It reads the traces back, diagnoses them, and prints one row per
 run and a summary per half.
 
-The suite is split BEFORE any tuning, here in code: a run belongs to the held-apart half when
-``(workload index + seed) % 2 == 1``, so every workload has seeds on both sides and every seed both workloads.
-Thresholds were tuned on the ``tune`` half only; the ``held`` half was run once, at the end.
+Round two's split, fixed in code BEFORE any run or tuning of that round. Round one held a run apart when
+``(workload index + seed)`` was odd and drew its magnitude from the same parity, so each fault kind ran at ONE
+magnitude per half; its held half has since been looked at, so it can no longer judge anything. Now:
 
-    python bench/diagnose_accuracy.py                     # both halves, 92 runs, ~23 min on 2 cores
-    python bench/diagnose_accuracy.py --half tune --out /tmp/tune   # keep the traces ...
-    python bench/diagnose_accuracy.py --half tune --out /tmp/tune --reuse   # ... and re-diagnose them only
-    python bench/diagnose_accuracy.py --quick             # 3 workloads, one clean run each: 50 runs, ~12 min
+- ``tune``: round one's runs, both of its halves (seeds 0 and 1, clean runs 100 and 101): between them every fault
+  kind runs at both magnitudes on every workload, on rotating ranks. Thresholds and rules are tuned on these only.
+- ``held``: fresh seeds from a disjoint range (``HELD_SEED0`` = 1000 on), never run before round two's single
+  evaluation: every fault kind at BOTH magnitudes on every workload, ranks rotating with seed, kind and magnitude.
+
+    python bench/diagnose_accuracy.py --half tune --out /tmp/suite --reuse   # re-diagnose the kept tuning traces
+    nice -n 5 python bench/diagnose_accuracy.py --half held --out /tmp/suite # the held-apart set, once, at the end
+    python bench/diagnose_accuracy.py --quick             # 3 workloads, one clean run each
 """
 
 from __future__ import annotations
@@ -81,26 +85,49 @@ class Run:
         return "none" if self.kind == "none" else FAULTS[self.kind][0]
 
 
-def half_of(workload_index: int, seed: int) -> str:
-    """The fixed split: held apart when workload index + seed is odd."""
-    return "held" if (workload_index + seed) % 2 else "tune"
+#: held-apart seeds start here, far from the tuning seeds (0, 1 and clean runs 100, 101): no overlap, ever
+HELD_SEED0 = 1000
+#: tuning seeds per workload (round one's two halves, both used for tuning in round two)
+TUNE_SEEDS = 2
 
 
-def plan(seeds: int, quick: bool, nproc: int) -> list[Run]:
-    """Every run of the suite, both halves: faults rotate over ranks and magnitudes with workload and seed."""
+def _tune_runs(w: int, name: str, quick: bool, nproc: int) -> list[Run]:
+    """Round one's runs of one workload, both halves: over its two seeds every kind runs at both magnitudes."""
     runs = []
-    for w, name in enumerate(WORKLOADS):
-        if quick and name not in QUICK_WORKLOADS:
-            continue
-        for seed in range(seeds):
-            half = half_of(w, seed)
-            for k, kind in enumerate(MAGNITUDES):
-                if kind in ONLY_LM and name != "lm":
-                    continue
-                mag = WORKLOAD_MAGNITUDES.get(name, {}).get(kind, MAGNITUDES[kind])[(w + seed + k) % 2]
-                runs.append(Run(name, kind, (w + seed + 3 * k) % nproc, mag, seed, half))
-            for c in range(1 if quick else CLEAN_RUNS):
-                runs.append(Run(name, "none", None, 0.0, seed + 100 * c, half))
+    for seed in range(TUNE_SEEDS):
+        for k, kind in enumerate(MAGNITUDES):
+            if kind in ONLY_LM and name != "lm":
+                continue
+            mag = WORKLOAD_MAGNITUDES.get(name, {}).get(kind, MAGNITUDES[kind])[(w + seed + k) % 2]
+            runs.append(Run(name, kind, (w + seed + 3 * k) % nproc, mag, seed, "tune"))
+        for c in range(1 if quick else CLEAN_RUNS):
+            runs.append(Run(name, "none", None, 0.0, seed + 100 * c, "tune"))
+    return runs
+
+
+def _held_runs(w: int, name: str, held_seeds: int, quick: bool, nproc: int) -> list[Run]:
+    """Fresh runs of one workload: every kind at both magnitudes per seed, ranks rotating over seed, kind, magnitude."""
+    runs = []
+    for j in range(held_seeds):
+        seed = HELD_SEED0 + j
+        for k, kind in enumerate(MAGNITUDES):
+            if kind in ONLY_LM and name != "lm":
+                continue
+            for m, mag in enumerate(WORKLOAD_MAGNITUDES.get(name, {}).get(kind, MAGNITUDES[kind])):
+                runs.append(Run(name, kind, (w + j + 3 * k + 2 * m + 1) % nproc, mag, seed, "held"))
+        for c in range(1 if quick else CLEAN_RUNS):
+            runs.append(Run(name, "none", None, 0.0, seed + 100 * c, "held"))
+    return runs
+
+
+def plan(quick: bool, nproc: int, held_seeds: int = 1) -> list[Run]:
+    """Every run of the suite: the tuning runs, then the held-apart ones."""
+    runs: list[Run] = []
+    names = [(w, n) for w, n in enumerate(WORKLOADS) if not quick or n in QUICK_WORKLOADS]
+    for w, name in names:
+        runs += _tune_runs(w, name, quick, nproc)
+    for w, name in names:
+        runs += _held_runs(w, name, held_seeds, quick, nproc)
     return runs
 
 
@@ -157,7 +184,7 @@ def summary(rows: list[dict], half: str) -> list[str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seeds", type=int, default=2, help="seeds per workload (the halves alternate over them)")
+    ap.add_argument("--held-seeds", type=int, default=1, help=f"fresh seeds per workload from {HELD_SEED0} on")
     ap.add_argument("--half", choices=("tune", "held", "both"), default="both")
     ap.add_argument("--quick", action="store_true", help=f"only {', '.join(QUICK_WORKLOADS)}; one clean run each")
     ap.add_argument("--nproc", type=int, default=4)
@@ -167,13 +194,13 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None, help="also write the per-run rows here")
     args = ap.parse_args()
     root = args.out or Path(tempfile.mkdtemp(prefix="diagnose-accuracy-"))
-    runs = [r for r in plan(args.seeds, args.quick, args.nproc) if args.half in ("both", r.half)]
+    runs = [r for r in plan(args.quick, args.nproc, args.held_seeds) if args.half in ("both", r.half)]
     rows = []
     print("| # | half | workload | fault | seed | top alarm (rank, category, function) | ms/step | score | ok |")
     print("|---|---|---|---|---|---|---|---|---|")
     t_start = time.perf_counter()
     for n, run in enumerate(runs, 1):
-        folder = root / f"{run.half}-{run.workload}-{run.seed}-{run.spec.replace(':', '_')}"
+        folder = root / f"{run.workload}-{run.seed}-{run.spec.replace(':', '_')}"
         done = (folder / "fault.json").exists() and len(list(folder.glob("rank-*.json.gz"))) == args.nproc
         if not args.reuse and not done:  # a folder with every rank's trace is kept: an interrupted suite resumes
             extra = [*WORKLOADS[run.workload], *(HANG_FLAGS if run.kind == "hang" else [])]
