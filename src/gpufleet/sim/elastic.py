@@ -124,6 +124,7 @@ class ElasticSimulator(Simulator):
         network = network_for_run(cluster, parts, jobs, config or SimConfig())
         super().__init__(workload, parts, policy, config, outages, network, feats)
         self.rate = self.seg_speed  # the progress rate of each job's current segment
+        self._skip_futile = False  # loaning, reclaims and knapsack rounds change a pass's outcome without churn
         # a GPU-level placement (contention, spread, rl, random) chooses the node set of a job's base demand on
         # the training pool; ``parts`` then mirrors the training servers' free GPUs for it to read
         placer = policy.placer

@@ -98,6 +98,13 @@ class Simulator:
         # heap-ranked preemptive policies keep each partition's possible victims on a heap (scan policies rank
         # them afresh, non-preemptive ones need none)
         self._heap_victims = policy.preemptive and not policy.scan_running
+        # A pass that started nothing changes nothing, so the next one can only differ if GPUs were freed or
+        # a job became a possible victim (churn) or a better job heads a queue: without either it is skipped.
+        # Only where keys do not drift with time (heap-ranked policies) and the placement decides from the
+        # cluster's state alone (no random draws).
+        self._skip_futile = not policy.scan_running and policy.placer.deterministic
+        self._pass_churn = -1
+        self._new_head = True
         self._scan_cache: tuple | None = None  # the last victim ranking of a scan policy, by (partition, time, churn)
         self._pfail: dict[int, tuple[int, int, int]] = {}
         # partitions a job may use, by its GPU type
@@ -242,6 +249,8 @@ class Simulator:
             self._class_keys.sort()
         self._seq += 1
         heapq.heappush(h, (key, self._seq, j, self._wver[j]))
+        if h[0][2] == j:
+            self._new_head = True
 
     def _push_running(self, j: int) -> None:
         self._hver[j] += 1
@@ -458,6 +467,23 @@ class Simulator:
             for entry in passed:
                 heapq.heappush(h, entry)
 
+    def _any_victim(self, j: int) -> bool:
+        """Whether a running job on one of ``j``'s partitions is worse than it: the best victim of each heap
+        (stale entries dropped on the way) decides, as the victim search's first step would."""
+        pol = self.policy
+        wkey = self._wkey[j]
+        hver = self._hver
+        plain = pol.static_running_key and not pol.bounded_running_key
+        for p in self._allowed[j]:
+            h = self._running_heap[p]
+            while h and h[0][3] != hver[h[0][2]]:
+                heapq.heappop(h)
+            if h:
+                bound = -h[0][0] if plain else pol.running_bound(h[0][2], self.now)
+                if pol.should_preempt(bound, wkey):
+                    return True
+        return False
+
     def _victims_scan(self, p: int, wkey: float, now: float):
         """Running jobs of partition ``p`` worse than ``wkey``, worst first, ranked by a vectorised scan."""
         pol = self.policy
@@ -586,14 +612,19 @@ class Simulator:
                 and g < short_g.get(allowed, fail_g)
                 and not (g <= free_now and pol.placer.waited)
             ):
-                if self._preempt_for(j):
+                if self._heap_victims and not self._any_victim(j):  # the search would find no job to preempt
+                    fail_g = g
+                    short = min(g - self.parts[p].total_free for p in allowed)
+                    short_g[allowed] = min(short_g.get(allowed, g), g - max(short, 1) + 1)
+                elif self._preempt_for(j):
                     # victims went back to the queue: rebuild the heads, keeping blocked classes out
                     free_now = sum(p.total_free for p in self.parts)
                     heads = [h for h in self._heads() if h[1] not in blocked]
                     short_g.clear()  # victims worse than this job but better than later ones freed GPUs
                     continue
-                fail_g = g
-                short_g[allowed] = min(short_g.get(allowed, g), g - self._short + 1)
+                else:
+                    fail_g = g
+                    short_g[allowed] = min(short_g.get(allowed, g), g - self._short + 1)
             if pol.blocking:
                 return
             blocked.add(ck)
@@ -688,7 +719,10 @@ class Simulator:
                 a += 1
             if changed:
                 count += 1
-                self._schedule()
+                if self._new_head or self._churn != self._pass_churn or not self._skip_futile:
+                    self._pass_churn = self._churn
+                    self._new_head = False
+                    self._schedule()
                 for hook in pass_hooks:
                     hook(t)
                 wake = pol.next_wakeup(t)

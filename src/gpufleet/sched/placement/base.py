@@ -39,6 +39,9 @@ class Placement:
     #: whether the placement picks node sets for a gang of GPUs (False: it is the engine's own placement,
     #: which the server-level elastic engine of the Aryl policies also runs)
     gpu_level: ClassVar[bool] = True
+    #: whether the choice depends on the cluster's state alone (no random draws, no clock): the simulator
+    #: may then skip a scheduling pass that nothing could change
+    deterministic: ClassVar[bool] = True
     #: options this placement accepts (name -> default), set with ``--opt placement.key=value``
     options: ClassVar[dict[str, float | str]] = {}
 

@@ -18,6 +18,7 @@ class RandomPlacement(CandidatePlacement):
     summary = "ablation: a uniformly random feasible candidate node set (same code path as rl)"
     needs: ClassVar[frozenset[str]] = frozenset({"network"})
     options: ClassVar[dict[str, float | str]] = {"seed": 0.0}
+    deterministic = False
 
     def bind(self, sim: Any) -> None:
         super().bind(sim)

@@ -18,9 +18,10 @@ from typing import Any, ClassVar
 import numpy as np
 
 from gpufleet.errors import ConfigError
+from gpufleet.sched.candidates import N_SLOTS
 from gpufleet.sched.placement.base import register
 from gpufleet.sched.placement.candidates import CandidatePlacement, least_cost
-from gpufleet.sched.rl_features import HEURISTIC, WAIT, action_mask, observe
+from gpufleet.sched.rl_features import HEURISTIC, N_ACTIONS, WAIT, action_mask, observe
 from gpufleet.sched.rl_model import ActorMLP, read_actor
 
 #: The model that ships in the wheel.
@@ -72,9 +73,24 @@ class RLPlacement(CandidatePlacement):
     name = "rl"
     summary = "network-aware placement learned with PPO (gpufleet sched train-rl); heuristic fallback"
     needs: ClassVar[frozenset[str]] = frozenset({"network"})
+    deterministic = False
     #: ``sample`` > 0: draw actions from the policy with that seed (deterministic for the seed); 0: take the
     #: most likely action, which waits more (upstream's RL also samples by default: its argmax can livelock)
-    options: ClassVar[dict[str, float | str]] = {"model": "", "sample": 1.0}
+    #: ``guard`` > 0 (the default): the policy chooses only among the candidates whose predicted cost (GPU-throughput
+    #: lost, as the heuristic counts it) is at most consolidate's plus ``margin`` x the job's GPUs, may wait only
+    #: while even the best of those would run below ``wait_below`` of full speed, and waits whenever it does when
+    #: ``wait_rule`` > 0, and (``max_wait`` > 0) never once it has waited ``max_wait`` x its remaining time; anything
+    #: else falls back to consolidate. ``guard`` 0: the unguarded policy of the
+    #: ``rl`` alias (the t = 0 mixes it was trained and judged on).
+    options: ClassVar[dict[str, float | str]] = {
+        "model": "",
+        "sample": 1.0,
+        "guard": 1.0,
+        "margin": 0.0,
+        "wait_below": 0.95,
+        "wait_rule": 1.0,
+        "max_wait": 0.0,
+    }
 
     def __init__(self, decider: Decider | None = None, **opts: Any) -> None:
         super().__init__(**opts)
@@ -111,7 +127,10 @@ class RLPlacement(CandidatePlacement):
         sim = self.sim
         scores = self.scores(j, p, cands)
         obs = observe(sim, j, p, part, cands, scores)
-        mask = action_mask(cands, can_wait=sim.n_running > 0 and self.may_wait)
+        can_wait = sim.n_running > 0 and self.may_wait
+        if float(self.opts["guard"]) > 0:
+            return self._choose_guarded(j, cands, scores, obs, can_wait)
+        mask = action_mask(cands, can_wait=can_wait)
         action = self._act(obs, mask)
         self.decisions += 1
         if action == WAIT and mask[WAIT]:
@@ -124,3 +143,51 @@ class RLPlacement(CandidatePlacement):
         else:
             self.fallbacks += 1
         return least_cost(scores, sim.gpus[j])[0]
+
+    def _choose_guarded(self, j: int, cands: list, scores: list, obs: np.ndarray, can_wait: bool) -> int | None:
+        """The model's choice among the candidates predicted no worse than consolidate's (within the margin), a
+        wait only while even the best of them runs below ``wait_below``; consolidate's plan otherwise."""
+        g = self.sim.gpus[j]
+        allowed, best_speed = guarded_mask(cands, scores, g, float(self.opts["margin"]))
+        wait_ok = can_wait and best_speed < float(self.opts["wait_below"])
+        limit = float(self.opts["max_wait"])
+        if wait_ok and limit > 0:
+            sim = self.sim
+            waited = sim.now - sim.submit[j] - (sim.duration[j] - sim.remaining[j])
+            wait_ok = waited < limit * max(sim.remaining[j], 1.0)
+        self.decisions += 1
+        if wait_ok and float(self.opts["wait_rule"]) > 0:
+            self.waits += 1
+            return None
+        allowed[WAIT] = wait_ok
+        action = self._act(obs, allowed)
+        if action == WAIT and allowed[WAIT]:
+            self.waits += 1
+            return None
+        if action < WAIT and allowed[action]:
+            return action
+        if action == HEURISTIC:
+            self.delegated += 1
+            return least_cost(scores, g)[0]
+        self.fallbacks += 1
+        return ANCHOR if cands[ANCHOR] is not None else least_cost(scores, g)[0]
+
+
+#: The slot of consolidate's own plan (fewest nodes, best fit), the anchor of the guarded policy.
+ANCHOR = N_SLOTS - 1
+
+
+def guarded_mask(cands: list, scores: list, gpus: int, margin: float) -> tuple[np.ndarray, float]:
+    """Actions the guarded policy may take (the candidates whose predicted cost is at most consolidate's plus
+    ``margin`` x ``gpus``, and the heuristic, whose choice is the cheapest of them; waiting is left off), and the
+    best predicted speed among those candidates."""
+    mask = np.zeros(N_ACTIONS, dtype=bool)
+    costs = [gpus * (1.0 - sc[0]) + sc[2] if sc is not None else np.inf for sc in scores]
+    limit = costs[ANCHOR] + margin * gpus + 1e-9 if cands[ANCHOR] is not None else min(costs)
+    best = 0.0
+    for i, c in enumerate(cands):
+        if c is not None and costs[i] <= limit:
+            mask[i] = True
+            best = max(best, float(scores[i][0]))
+    mask[HEURISTIC] = bool(mask[:N_SLOTS].any())
+    return mask, best
