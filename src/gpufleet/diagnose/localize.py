@@ -70,6 +70,10 @@ class Thresholds:
     # while a throttled rank sleeps, the others get its CPU and wait less); tuned on the tune half (the strongest
     # non-fault finding there scored 9.4, the weakest such fault 16)
     strong_z: float = 12.0
+    # ... or when its rank is the slowest at so many call sites of its top function that chance explains it at most
+    # this often (a sign test: a slow device slows every call; 4 ranks sharing 2 cores wait less for a rank that
+    # sleeps, since it gives them its CPU). One in a thousand, a conventional level, not tuned
+    sign_p: float = 0.001
 
 
 @dataclass

@@ -43,26 +43,47 @@ class Slack:
         self._spans = spans.select("rank", "step", (pl.col("dur_ns") / 1e9).alias("step_s"))
         self.ranks = sorted(self._spans["rank"].unique().to_list())
 
-    def per_rank(self, exclude: pl.Expr | None = None) -> dict[int, dict[str, float]]:
-        """Per rank, medians over its steps: ``wait`` (traced), ``untraced``, ``slack`` (their sum) and ``step``.
+    def per_step(self, exclude: pl.Expr | None = None) -> pl.DataFrame:
+        """Per (rank, step): ``wait`` (traced), ``untraced``, ``slack`` (their sum) and ``step_s``, in seconds.
 
         ``exclude`` selects rows whose untraced time is the finding's own work, not slack (their waits still count).
         """
         rows = self._rows
         if exclude is not None:
             rows = rows.with_columns(pl.when(exclude).then(0.0).otherwise(pl.col("untraced")).alias("untraced"))
-        per_step = (
+        return (
             rows.group_by("rank", "step")
             .agg(pl.col("wait").sum(), pl.col("untraced").sum())
             .join(self._spans, on=["rank", "step"], how="right")
-            .fill_null(0.0)
+            .with_columns(pl.col("wait", "untraced").fill_null(0.0))
             .with_columns((pl.col("wait") + pl.col("untraced")).alias("slack"))
         )
-        med = per_step.group_by("rank").agg(pl.col("wait", "untraced", "slack", "step_s").median())
+
+    def per_rank(self, exclude: pl.Expr | None = None) -> dict[int, dict[str, float]]:
+        """Per rank, medians over its steps: ``wait`` (traced), ``untraced``, ``slack`` (their sum) and ``step``."""
+        med = self.per_step(exclude).group_by("rank").agg(pl.col("wait", "untraced", "slack", "step_s").median())
         return {
             int(r["rank"]): {"wait": r["wait"], "untraced": r["untraced"], "slack": r["slack"], "step": r["step_s"]}
             for r in med.iter_rows(named=True)
         }
+
+    def in_steps(self, rank: int, steps: list[int], exclude: pl.Expr | None = None) -> float | None:
+        """How much more the other ranks wait than ``rank`` in the given steps than in its other steps (None when
+        there are no other ranks or no other steps).
+
+        Per step, the others' median slack minus ``rank``'s; its mean over ``steps`` less its median over the rest.
+        A pause in some steps of one rank holds the others in exactly those steps, over and above how much more
+        they usually wait than that rank (a rank that is a little slower all along is not what paused).
+        """
+        per = self.per_step(exclude)
+        mine = per.filter(pl.col("rank") == rank).select("step", pl.col("slack").alias("mine"))
+        others = per.filter(pl.col("rank") != rank).group_by("step").agg(pl.col("slack").median().alias("others"))
+        both = mine.join(others, on="step").with_columns((pl.col("others") - pl.col("mine")).alias("gap"))
+        inside = both.filter(pl.col("step").is_in(steps))["gap"]
+        outside = both.filter(~pl.col("step").is_in(steps))["gap"]
+        if inside.is_empty() or outside.is_empty():
+            return None
+        return round(float(inside.mean()) - float(outside.median()), 6)
 
     def evidence(self, rank: int, exclude: pl.Expr | None = None) -> dict[str, float | None]:
         """How much more the other ranks wait than ``rank``, by source, and how much of each step is own work.

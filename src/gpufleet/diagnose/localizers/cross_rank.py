@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import polars as pl
 
@@ -39,6 +41,27 @@ def _top_functions(sites: pl.DataFrame, ranks: list[int], rank: int, k: int = 3)
         }
         for r in excess.iter_rows(named=True)
     ]
+
+
+def slowest_sites(sites: pl.DataFrame, ranks: list[int], rank: int, function: str) -> dict[str, float | int]:
+    """At how many of ``function``'s call sites ``rank`` is the slowest of all ranks, and how unlikely that is.
+
+    A slower device or host slows every call the same way, so its rank is the slowest at every site of the function;
+    a process the OS descheduled now and then is slow at some sites, and any rank may be. If ranks were alike, a
+    given rank would be the slowest at a site with chance 1/n: ``sign_p`` is the binomial tail of seeing at least
+    that many such sites (a sign test over sites, robust to how much slower each one is).
+    """
+    rows = sites.filter(pl.col("function") == function)
+    wide = rows.pivot(on="rank", index=["domain", "category", "site"], values="time_s").fill_null(0.0)
+    cols = [str(r) for r in ranks if str(r) in wide.columns]
+    if str(rank) not in cols or len(cols) < 2 or wide.height == 0:
+        return {"slowest_sites": 0, "sites": 0, "sign_p": 1.0}
+    m = wide.select(cols).to_numpy()
+    i = cols.index(str(rank))
+    k = int(np.sum(m[:, i] > np.delete(m, i, axis=1).max(axis=1)))
+    n, q = m.shape[0], 1.0 / len(ranks)
+    p = sum(math.comb(n, j) * q**j * (1 - q) ** (n - j) for j in range(k, n + 1))
+    return {"slowest_sites": k, "sites": n, "sign_p": float(f"{p:.3g}")}
 
 
 def delays_others(others_slack: float | None, cost: float, ctx: LocaliserContext, score: float = 0.0) -> bool:
@@ -105,6 +128,7 @@ class CrossRank(Localiser):
                 top = _top_functions(rows, ranks, rank)
                 # the finding's own untraced time is its work, not its waiting
                 victims = slack.evidence(rank, exclude=(pl.col("category") == category) & _own_untraced())
+                sign = slowest_sites(rows, ranks, rank, top[0]["function"]) if top else {"sign_p": 1.0}
                 findings.append(
                     Finding(
                         rank=rank,
@@ -119,11 +143,15 @@ class CrossRank(Localiser):
                             "top_functions": top,
                             "spread": _spread(top, cost),
                             "steps_with_excess": round(steady, 3),
+                            **sign,
                             **victims,
                         },
                         localiser=self.name,
                         alarm=alarm(score, cost, ctx)
-                        and delays_others(victims["others_slack_s_per_step"], cost, ctx, score),
+                        and (
+                            delays_others(victims["others_slack_s_per_step"], cost, ctx, score)
+                            or sign["sign_p"] <= ctx.thresholds.sign_p
+                        ),
                     )
                 )
         return findings

@@ -7,8 +7,32 @@ import polars as pl
 
 from gpufleet.diagnose.categories import CPU_STALL, DATA_LOADING
 from gpufleet.diagnose.findings import Finding
-from gpufleet.diagnose.localize import Localiser, LocaliserContext, alarm, localiser, robust_z
+from gpufleet.diagnose.localize import MAD_TO_SIGMA, Localiser, LocaliserContext, alarm, localiser
 from gpufleet.diagnose.summary import UNTRACED
+from gpufleet.diagnose.victims import Slack
+
+
+def baseline(t: np.ndarray, floor: float, pause_ratio: float, others_max: float) -> tuple[float, float, np.ndarray]:
+    """A rank's usual per-step time, its spread and its pause steps (times far above the usual).
+
+    The usual time is the median over the steps, robust to pauses in fewer than half of them. A pause that comes
+    every other step (a worker DataLoader that falls behind on alternate batches) fills half the steps, and the
+    median sits among the pauses; so when the median finds none, the steps at or below it (the quiet half) are the
+    baseline, and it is taken only if pauses of this rank alone (above anything the others show, ``others_max``) fill
+    at least half of the steps -- the case the median cannot see.
+    """
+
+    def pauses(usual: np.ndarray) -> tuple[float, float, np.ndarray]:
+        base = float(np.median(usual))
+        scale = max(MAD_TO_SIGMA * float(np.median(np.abs(usual - base))), floor, 1e-12)
+        return base, scale, t > max(pause_ratio * base, base + 5 * floor)
+
+    base, scale, spikes = pauses(t)
+    if spikes.sum() >= 2:
+        return base, scale, spikes
+    quiet = pauses(t[t <= np.median(t)])
+    alone = quiet[2] & (t > others_max)
+    return quiet if 2 * alone.sum() >= len(t) else (base, scale, spikes)
 
 
 @localiser("cross-step")
@@ -28,6 +52,7 @@ class CrossStep(Localiser):
     def _pauses(self, ctx: LocaliserContext, rows: pl.Expr, category: str) -> list[Finding]:
         host = ctx.steps.filter(rows & (pl.col("domain") == "host"))
         stall = host.group_by("rank", "step").agg(pl.col("time_s").sum())
+        slack = Slack(ctx.steps, ctx.spans)
         findings = []
         spiky_ranks: set[int] = set()
         shared_only: list[int] = []
@@ -35,25 +60,28 @@ class CrossStep(Localiser):
             t = group.sort("step")["time_s"].to_numpy()
             if len(t) < 3:
                 continue
-            med = float(np.median(t))
             floor = ctx.thresholds.noise_share * ctx.step_s
+            others = stall.filter(pl.col("rank") != rank)["time_s"]
+            others_max = float(others.max()) if others.len() else 0.0  # type: ignore[arg-type]
+            med, scale, spikes = baseline(t, floor, ctx.thresholds.pause_ratio, others_max)
             own = max(ctx.thresholds.pause_ratio * med, med + 5 * floor)
-            spikes = t > own
             if spikes.sum() < 2:
                 continue
             spiky_ranks.add(int(rank))
-            others = stall.filter(pl.col("rank") != rank)["time_s"]
             # a pause of this rank alone must stand above everything the other ranks ever show (noise)
-            alone = t > max(own, float(others.max()) if others.len() else 0.0)
+            alone = t > max(own, others_max)
             if alone.sum() >= 2:
                 spikes = alone
             else:
                 shared_only.append(int(rank))
             cost = float((t[spikes] - med).sum() / len(t))
-            z = robust_z(t, floor)
-            score = float(np.median(z[spikes]))
+            score = float(np.median((t[spikes] - med) / scale))
             steps = group.sort("step")["step"].to_numpy()[spikes]
             period = float(np.median(np.diff(steps))) if len(steps) > 1 else None
+            # victims: in the pause steps the other ranks wait for it (its own untraced pause is its work)
+            victims = slack.in_steps(int(rank), steps.tolist(), exclude=rows)
+            pause = float(np.mean(t[spikes] - med))
+            waited = victims is None or victims >= ctx.thresholds.victim_share * pause
             function = "<untraced host time>"
             if category != CPU_STALL:
                 mine = host.filter(pl.col("rank") == rank).group_by("function").agg(pl.col("time_s").sum())
@@ -70,9 +98,10 @@ class CrossStep(Localiser):
                         "period_steps": period,
                         "median_pause_s": round(float(np.median(t[spikes])), 6),
                         "median_step_s": round(med, 6),
+                        "others_slack_in_pause_steps_s": victims,
                     },
                     localiser=self.name,
-                    alarm=alarm(score, cost, ctx),
+                    alarm=alarm(score, cost, ctx) and waited,
                 )
             )
         if len(spiky_ranks) < ctx.n_ranks:  # not every rank pauses: keep only the pauses that stand alone
@@ -81,5 +110,6 @@ class CrossStep(Localiser):
             shared = min(findings, key=lambda f: f.cost_s_per_step)
             shared.rank = None
             shared.evidence["ranks"] = "all"
+            shared.alarm = alarm(shared.score, shared.cost_s_per_step, ctx)  # nobody waits for a shared pause
             return [shared]
         return findings
