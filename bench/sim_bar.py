@@ -3,8 +3,9 @@ tiresias, aryl) and 1M jobs on 100k GPUs at ``--load 0.8`` (fifo, tiresias), eac
 
 The baseline is the Philly cases run by the source tree of ``--base`` (default: the commit before the one-engine
 work, where the elastic and the gang engines were two), checked out in a temporary git worktree. The load
-case has none: its trace comes from the new generator, as the old one could not load a cluster. Run with ``python bench/sim_bar.py [--quick] [--base REV] [--no-base]``;
-``--quick`` uses 100k jobs on 10k GPUs for the load case.
+case has none: its trace comes from the new generator, as the old one could not load a cluster.
+Run with ``python bench/sim_bar.py [--quick] [--base REV] [--no-base]``; ``--quick`` uses 100k jobs on 10k GPUs
+for the load case.
 """
 
 from __future__ import annotations
