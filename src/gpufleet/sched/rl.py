@@ -39,7 +39,8 @@ class LearnedPlacement(CandidatePolicy):
     default_placement = "rl"
     #: ``order`` srsf (GPUs x remaining time): the order the shipped model was trained and selected in
     #: (docs/contention.md); a model trained in another order should be run with that order.
-    options: ClassVar[dict[str, float | str]] = {"order": "srsf", **RLPlacement.options}
+    #: ``guard`` 0: the alias keeps the unguarded policy it was trained and judged with on the t = 0 mixes.
+    options: ClassVar[dict[str, float | str]] = {"order": "srsf", **RLPlacement.options, "guard": 0.0}
 
     def __init__(self, decider: Decider | None = None, **opts: Any) -> None:
         self._decider = decider

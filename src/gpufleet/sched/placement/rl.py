@@ -21,7 +21,7 @@ from gpufleet.errors import ConfigError
 from gpufleet.sched.candidates import N_SLOTS
 from gpufleet.sched.placement.base import register
 from gpufleet.sched.placement.candidates import CandidatePlacement, least_cost
-from gpufleet.sched.rl_features import HEURISTIC, N_ACTIONS, WAIT, action_mask, observe
+from gpufleet.sched.rl_features import HEURISTIC, N_ACTIONS, SLOT_FEATURES, WAIT, action_mask, observe
 from gpufleet.sched.rl_model import ActorMLP, read_actor
 
 #: The model that ships in the wheel.
@@ -76,12 +76,13 @@ class RLPlacement(CandidatePlacement):
     deterministic = False
     #: ``sample`` > 0: draw actions from the policy with that seed (deterministic for the seed); 0: take the
     #: most likely action, which waits more (upstream's RL also samples by default: its argmax can livelock)
-    #: ``guard`` > 0 (the default): the policy chooses only among the candidates whose predicted cost (GPU-throughput
-    #: lost, as the heuristic counts it) is at most consolidate's plus ``margin`` x the job's GPUs, may wait only
-    #: while even the best of those would run below ``wait_below`` of full speed, and waits whenever it does when
-    #: ``wait_rule`` > 0, and (``max_wait`` > 0) never once it has waited ``max_wait`` x its remaining time; anything
-    #: else falls back to consolidate. ``guard`` 0: the unguarded policy of the
-    #: ``rl`` alias (the t = 0 mixes it was trained and judged on).
+    #: ``guard`` > 0 (the default): the policy chooses only among consolidate's plan and the candidates whose
+    #: predicted cost (GPU-throughput lost, as the heuristic counts it) is at most consolidate's plus ``margin`` x the
+    #: job's GPUs; it may wait only while even the best of those would run below ``wait_below`` of full speed, enough
+    #: GPUs for it are expected to free up within ``outlook`` x its remaining time (0: any time) and it has not yet
+    #: waited ``max_wait`` x its remaining time (0: no limit); with ``wait_rule`` > 0 it then waits, otherwise the
+    #: model decides. Anything else falls back to consolidate. ``guard`` 0: the unguarded policy of the ``rl``
+    #: alias (the t = 0 mixes it was trained and judged on).
     options: ClassVar[dict[str, float | str]] = {
         "model": "",
         "sample": 1.0,
@@ -90,6 +91,7 @@ class RLPlacement(CandidatePlacement):
         "wait_below": 0.95,
         "wait_rule": 1.0,
         "max_wait": 0.0,
+        "outlook": 1.0,
     }
 
     def __init__(self, decider: Decider | None = None, **opts: Any) -> None:
@@ -150,6 +152,9 @@ class RLPlacement(CandidatePlacement):
         g = self.sim.gpus[j]
         allowed, best_speed = guarded_mask(cands, scores, g, float(self.opts["margin"]))
         wait_ok = can_wait and best_speed < float(self.opts["wait_below"])
+        outlook = float(self.opts["outlook"])
+        if wait_ok and outlook > 0:
+            wait_ok = float(obs[SOON]) * 4.0 <= outlook
         limit = float(self.opts["max_wait"])
         if wait_ok and limit > 0:
             sim = self.sim
@@ -166,27 +171,29 @@ class RLPlacement(CandidatePlacement):
             return None
         if action < WAIT and allowed[action]:
             return action
-        if action == HEURISTIC:
+        if action == HEURISTIC:  # the cheapest allowed candidate: the heuristic's choice when it is allowed
             self.delegated += 1
-            return least_cost(scores, g)[0]
+            return least_cost([sc if allowed[i] else None for i, sc in enumerate(scores)], g)[0]
         self.fallbacks += 1
         return ANCHOR if cands[ANCHOR] is not None else least_cost(scores, g)[0]
 
 
+#: Where the observation keeps how soon enough GPUs for the job free up (over its remaining time, clipped at 4, / 4).
+SOON = N_SLOTS * SLOT_FEATURES + 4
 #: The slot of consolidate's own plan (fewest nodes, best fit), the anchor of the guarded policy.
 ANCHOR = N_SLOTS - 1
 
 
 def guarded_mask(cands: list, scores: list, gpus: int, margin: float) -> tuple[np.ndarray, float]:
-    """Actions the guarded policy may take (the candidates whose predicted cost is at most consolidate's plus
-    ``margin`` x ``gpus``, and the heuristic, whose choice is the cheapest of them; waiting is left off), and the
-    best predicted speed among those candidates."""
+    """Actions the guarded policy may take (consolidate's plan, the candidates whose predicted cost is at most
+    consolidate's plus ``margin`` x ``gpus``, a negative margin asking for a saving, and the heuristic, whose choice
+    is the cheapest of them; waiting is left off), and the best predicted speed among those candidates."""
     mask = np.zeros(N_ACTIONS, dtype=bool)
     costs = [gpus * (1.0 - sc[0]) + sc[2] if sc is not None else np.inf for sc in scores]
     limit = costs[ANCHOR] + margin * gpus + 1e-9 if cands[ANCHOR] is not None else min(costs)
     best = 0.0
     for i, c in enumerate(cands):
-        if c is not None and costs[i] <= limit:
+        if c is not None and (costs[i] <= limit or i == ANCHOR):
             mask[i] = True
             best = max(best, float(scores[i][0]))
     mask[HEURISTIC] = bool(mask[:N_SLOTS].any())

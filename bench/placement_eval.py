@@ -1,0 +1,231 @@
+"""Placements under every order on real traces with arrivals, network on: the bar of the learned-placement issue.
+
+Per trace, every order (fifo, sjf, srtf, las, tiresias) x placement (consolidate, contention, rl, random) with
+``--network``, beside each order's network-free JCT (consolidate, network off). Columns: average and p99 JCT,
+ratios to consolidate and contention under the same order, wall time per job (the placement's decisions are
+the difference to consolidate's). Then the **gap closed**: the share of the network penalty of the best
+consolidate row (against the best network-free row) that the best rl row wins back; and the bar per trace.
+
+Trace roles were fixed before any rl setting was chosen (docs/contention.md):
+- validation (settings and checkpoints were chosen on these only): ElasticFlow cluster03, Philly jobs
+  20,000-29,999;
+- held apart (no selection looked at them): ElasticFlow cluster02 and cluster01, Philly jobs 60,000-69,999.
+
+Each cluster is the default cluster resized so that the trace offers 90 % of its GPUs' time over its arrival
+window (at least the largest job), so that queues form.
+
+    python bench/placement_eval.py                      # every trace
+    python bench/placement_eval.py --role validation     # what selection may look at
+    python bench/placement_eval.py --traces ef02 --orders srtf --placements consolidate,rl
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+from rich.console import Console
+from rich.table import Table
+
+from gpufleet.perf.comm_profiles import with_comm_profiles
+from gpufleet.sim.config import SimConfig
+from gpufleet.sim.run import RunSpec, run_one
+from gpufleet.spec import load_cluster
+from gpufleet.traces import load_trace
+from gpufleet.traces.load import bundled_trace_path
+
+ORDERS = ("fifo", "sjf", "srtf", "las", "tiresias")
+PLACEMENTS = ("consolidate", "contention", "rl", "random")
+#: Share of the cluster's GPU-time the trace offers over its arrival window (sizing rule, fixed a priori).
+TARGET_LOAD = 0.9
+ELASTICFLOW_COLUMNS = {
+    "submit": "submission_time",
+    "duration": "duration",
+    "gpus": "num_gpu",
+    "job_id": "job_id",
+    "model": "model_name",
+}
+console = Console(width=200)
+
+
+@dataclass(frozen=True)
+class TraceCase:
+    """One bench trace: a name, its role in selection, and how to read it."""
+
+    name: str
+    role: str  # "validation" or "held-apart"
+    source: str  # "philly" or an ElasticFlow file name
+    start: int = 0  # Philly window: first job (in submit order) and job count
+    jobs: int = 0
+
+
+CASES = (
+    TraceCase("ef03", "validation", "elasticflow_cluster03.csv.gz"),
+    TraceCase("philly-20k", "validation", "philly", 20_000, 10_000),
+    TraceCase("ef02", "held-apart", "elasticflow_cluster02.csv.gz"),
+    TraceCase("ef01", "held-apart", "elasticflow_cluster01.csv.gz"),
+    TraceCase("philly-60k", "held-apart", "philly", 60_000, 10_000),
+)
+
+
+def load_case(case: TraceCase) -> pl.DataFrame:
+    """The case's jobs with communication profiles (ElasticFlow: from the model names; Philly: equal mix)."""
+    if case.source == "philly":
+        jobs = load_trace("philly").jobs.sort("submit_s").slice(case.start, case.jobs)
+        jobs = jobs.with_columns(pl.col("submit_s") - pl.col("submit_s").min())
+    else:
+        jobs = load_trace(str(bundled_trace_path(case.source)), columns=ELASTICFLOW_COLUMNS).jobs
+    return with_comm_profiles(jobs, None)
+
+
+def sized_gpus(jobs: pl.DataFrame, load: float = TARGET_LOAD, gpus_per_node: int = 8) -> int:
+    """GPUs such that the jobs offer ``load`` of their time over the arrival window (whole nodes, at least
+    the largest job)."""
+    work = float((jobs["duration_s"] * jobs["num_gpus"]).sum())
+    span = max(float(jobs["submit_s"].max() - jobs["submit_s"].min()), 1.0)
+    need = max(work / span / load, float(jobs["num_gpus"].max()))
+    return int(math.ceil(need / gpus_per_node) * gpus_per_node)
+
+
+def run_case(case: TraceCase, orders: list[str], placements: list[str], model: str | None) -> pl.DataFrame:
+    jobs = load_case(case)
+    gpus = sized_gpus(jobs)
+    spec = load_cluster(None).resized(gpus)
+    rows = []
+    for order in orders:
+        runs = [(order, "free", SimConfig(network=False), {})]
+        for pl_name in placements:
+            label = order if pl_name == "consolidate" else f"{order}+{pl_name}"
+            opts = {"model": model} if (pl_name == "rl" and model) else {}
+            runs.append((label, pl_name, SimConfig(network=True), opts))
+        for label, pl_name, cfg, opts in runs:
+            t0 = time.perf_counter()
+            s = run_one(RunSpec(label, jobs, spec, cfg, placement_opts=opts)).summary
+            wall = time.perf_counter() - t0
+            if s["finished"] < s["jobs"]:
+                raise SystemExit(f"{case.name} {label}: finished {s['finished']} of {s['jobs']} jobs")
+            rows.append(
+                {
+                    "trace": case.name,
+                    "role": case.role,
+                    "gpus": gpus,
+                    "order": order,
+                    "placement": pl_name,
+                    "avg_jct_s": s["avg_jct_s"],
+                    "p99_jct_s": s["p99_jct_s"],
+                    "contention_gpu_h": s.get("contention_gpu_h", 0.0),
+                    "us_per_job": 1e6 * wall / max(s["jobs"], 1),
+                }
+            )
+            console.log(f"{case.name} {label:<22} {'net' if cfg.network else 'free'}: {s['avg_jct_s']:,.0f} s")
+    return pl.DataFrame(rows)
+
+
+def _get(frame: pl.DataFrame, order: str, placement: str, key: str) -> float:
+    hit = frame.filter((pl.col("order") == order) & (pl.col("placement") == placement))
+    return float(hit[key][0]) if hit.height else math.nan
+
+
+def _name(row: dict) -> str:
+    return f"{row['order']} {row['avg_jct_s']:,.0f} s"
+
+
+def report(frame: pl.DataFrame) -> list[tuple[str, str, bool]]:
+    """Print the per-trace table and bar; return (trace, bar, met) rows."""
+    verdicts = []
+    case = frame["trace"][0]
+    orders = list(dict.fromkeys(frame["order"].to_list()))
+    table = Table(
+        title=f"{case} ({frame['role'][0]}, {frame['gpus'][0]} GPUs, network on unless 'free')", header_style="bold"
+    )
+    for col in (
+        "order",
+        "placement",
+        "avg JCT s",
+        "p99 JCT s",
+        "vs consolidate",
+        "vs contention",
+        "p99 vs consolidate",
+        "contention GPU-h",
+        "us/job",
+    ):
+        table.add_column(col, justify="left" if col in ("order", "placement") else "right")
+    for r in frame.iter_rows(named=True):
+        cons = _get(frame, r["order"], "consolidate", "avg_jct_s")
+        cont = _get(frame, r["order"], "contention", "avg_jct_s")
+        p99c = _get(frame, r["order"], "consolidate", "p99_jct_s")
+        net = r["placement"] != "free"
+        table.add_row(
+            r["order"],
+            r["placement"] if net else "(network-free)",
+            f"{r['avg_jct_s']:,.0f}",
+            f"{r['p99_jct_s']:,.0f}",
+            f"{r['avg_jct_s'] / cons:.3f}" if net else "-",
+            f"{r['avg_jct_s'] / cont:.3f}" if net and not math.isnan(cont) else "-",
+            f"{r['p99_jct_s'] / p99c:.3f}" if net else "-",
+            f"{r['contention_gpu_h']:,.0f}",
+            f"{r['us_per_job']:,.0f}",
+        )
+    console.print(table)
+    best = {
+        p: frame.filter(pl.col("placement") == p).sort("avg_jct_s").row(0, named=True)
+        for p in ("free", "consolidate", "rl")
+        if frame.filter(pl.col("placement") == p).height
+    }
+    if "rl" not in best:
+        return verdicts
+    pen = best["consolidate"]["avg_jct_s"] - best["free"]["avg_jct_s"]
+    won = best["consolidate"]["avg_jct_s"] - best["rl"]["avg_jct_s"]
+    closed = won / pen if pen > 0 else math.nan
+    for order in orders:
+        rl = _get(frame, order, "rl", "avg_jct_s")
+        cons = _get(frame, order, "consolidate", "avg_jct_s")
+        cont = _get(frame, order, "contention", "avg_jct_s")
+        verdicts.append((case, f"{order}: rl <= 1.01 x consolidate ({rl / cons:.3f})", rl <= 1.01 * cons))
+        if not math.isnan(cont):
+            verdicts.append((case, f"{order}: rl <= 1.02 x contention ({rl / cont:.3f})", rl <= 1.02 * cont))
+        p99r, p99c = _get(frame, order, "rl", "p99_jct_s"), _get(frame, order, "consolidate", "p99_jct_s")
+        verdicts.append((case, f"{order}: rl p99 <= consolidate ({p99r / p99c:.3f})", p99r <= p99c))
+    verdicts.append(
+        (
+            case,
+            f"gap closed >= 40 % ({100 * closed:.0f} %: best consolidate {_name(best['consolidate'])}, "
+            f"best free {_name(best['free'])}, best rl {_name(best['rl'])})",
+            bool(pen <= 0 or closed >= 0.4),
+        )
+    )
+    return verdicts
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--traces", default=",".join(c.name for c in CASES))
+    ap.add_argument("--role", choices=("validation", "held-apart"), help="only the traces of this role")
+    ap.add_argument("--orders", default=",".join(ORDERS))
+    ap.add_argument("--placements", default=",".join(PLACEMENTS))
+    ap.add_argument("--model", help="rl model zip (default: the shipped one)")
+    ap.add_argument("--json", type=Path, help="also write every row here")
+    args = ap.parse_args()
+    names = args.traces.split(",")
+    cases = [c for c in CASES if c.name in names and (args.role is None or c.role == args.role)]
+    frames, verdicts = [], []
+    for case in cases:
+        frame = run_case(case, args.orders.split(","), args.placements.split(","), args.model)
+        frames.append(frame)
+        verdicts += report(frame)
+    table = Table(title="the bar (network on)", header_style="bold")
+    for col in ("trace", "check", "result"):
+        table.add_column(col)
+    for case, text, ok in verdicts:
+        table.add_row(case, text, "met" if ok else "NOT met")
+    console.print(table)
+    if args.json and frames:
+        pl.concat(frames).write_json(args.json)
+
+
+if __name__ == "__main__":
+    main()
