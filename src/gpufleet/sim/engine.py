@@ -569,11 +569,20 @@ class Simulator:
         return h[0] if h else None
 
     def _heads(self) -> list[tuple]:
+        """The best entry of every non-empty waiting class with its class, best first (:meth:`_head` inlined:
+        this runs at the start of every pass and after every preemption)."""
         heads = []
+        waiting = self._waiting
+        wver = self._wver
+        pop = heapq.heappop
         for ck in self._class_keys:
-            e = self._head(ck)
-            if e is not None:
-                heads.append((e, ck))
+            h = waiting[ck]
+            while h:
+                e = h[0]
+                if e[3] == wver[e[2]]:
+                    heads.append((e, ck))
+                    break
+                pop(h)
         heads.sort()
         return heads
 
