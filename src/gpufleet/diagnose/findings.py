@@ -47,6 +47,11 @@ class Finding:
         return f"{who}: {self.category} in {self.function} costs {self.cost_s_per_step * 1e3:.1f} ms/step"
 
 
+def _rank_key(f: Finding) -> tuple[bool, float]:
+    """What decides between two findings of one (rank, category): alarm first, then cost rounded to the nanosecond."""
+    return f.alarm, round(f.cost_s_per_step, 9)
+
+
 def merge_findings(findings: list[Finding]) -> list[Finding]:
     """One finding per (rank, category): the costlier wins, the other's evidence is kept under its localiser.
 
@@ -59,7 +64,9 @@ def merge_findings(findings: list[Finding]) -> list[Finding]:
         if kept is None:
             best[key] = f
             continue
-        winner, other = (f, kept) if (f.alarm, f.cost_s_per_step) > (kept.alarm, kept.cost_s_per_step) else (kept, f)
+        # costs equal to the nanosecond (two localisers reading one gap, summed in a different order) are a tie: the
+        # later localiser, the more specific one (``untraced`` after ``cross-rank``), wins it, whatever the rounding
+        winner, other = (f, kept) if _rank_key(f) >= _rank_key(kept) else (kept, f)
         winner.evidence.setdefault("also", {})[other.localiser] = {
             "function": other.function,
             "cost_s_per_step": round(other.cost_s_per_step, 6),

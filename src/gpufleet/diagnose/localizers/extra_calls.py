@@ -52,7 +52,8 @@ class ExtraCalls(Localiser):
             cost = float((group["time_s"] - group["median_time"]).clip(lower_bound=0).sum())
             syncs = group.filter(pl.col("category") == SYNC)
             category = SYNC if syncs.height else group.sort("time_s", descending=True)["category"][0]
-            lead = (syncs if syncs.height else group).sort("calls", descending=True).row(0, named=True)
+            pool = syncs if syncs.height else group  # ties in calls (.item() and its child) go by name: same every run
+            lead = pool.sort(["calls", "function"], descending=[True, False]).row(0, named=True)
             n_others = max(int(ctx.n_ranks) - 1, 1)
             score = float(min(lead["calls"] - lead["median_calls"], 100.0) * np.sqrt(n_others))
             steady = extra_call_steps(ctx.steps, int(rank), lead["domain"], lead["function"])
