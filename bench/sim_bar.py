@@ -4,8 +4,9 @@ tiresias, aryl) and 1M jobs on 100k GPUs at ``--load 0.8`` (fifo, tiresias), eac
 The baseline is the Philly cases run by the source tree of ``--base`` (default: the commit before the one-engine
 work, where the elastic and the gang engines were two), checked out in a temporary git worktree. The load
 case has none: its trace comes from the new generator, as the old one could not load a cluster.
-Run with ``python bench/sim_bar.py [--quick] [--base REV] [--no-base]``; ``--quick`` uses 100k jobs on 10k GPUs
-for the load case.
+Run with ``python bench/sim_bar.py [--quick] [--base REV] [--no-base] [--regression]``; ``--quick`` uses 100k
+jobs on 10k GPUs for the load case; ``--regression`` adds every pre-merge policy's avg JCT and queue, features
+off, against the baseline (fifo, sjf, srtf, las, tiresias within 1 %, the Aryl variants within 3 %).
 """
 
 from __future__ import annotations
@@ -60,11 +61,46 @@ def run_case(src: Path, kind: str, policy: str, n: int, gpus: int) -> dict:
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
+#: every policy that existed before the merge, run on the defaults for the regression table
+REGRESSION = ("fifo", "sjf", "srtf", "las", "tiresias", "aryl", "aryl-loan", "aryl-elastic", "aryl-base")
+TOLERANCE = {"aryl": 0.03, "aryl-loan": 0.03, "aryl-elastic": 0.03, "aryl-base": 0.03}
+
+
+def regression_table(base_src: Path | None) -> Table:
+    """Every pre-merge policy on Philly and the default cluster, features off: avg JCT and queue, both engines."""
+    table = Table(title="regression: features off, Philly on the default cluster", header_style="bold")
+    for col in ("policy", "avg JCT s", "before", "diff", "avg queue s", "before", "diff", "bar"):
+        table.add_column(col, justify="left" if col == "policy" else "right")
+    for policy in REGRESSION:
+        new = run_case(ROOT / "src", "philly", policy, 0, 0)
+        old = run_case(base_src, "philly", policy, 0, 0) if base_src is not None else {"error": "skipped"}
+        if "error" in new or "error" in old:
+            table.add_row(policy, new.get("error", ""), old.get("error", ""), *[""] * 5)
+            continue
+        tol = TOLERANCE.get(policy, 0.01)
+        dj = new["avg_jct_s"] / old["avg_jct_s"] - 1.0
+        dq = new["avg_queue_s"] / old["avg_queue_s"] - 1.0 if old["avg_queue_s"] else 0.0
+        ok = abs(dj) <= tol and abs(dq) <= tol
+        table.add_row(
+            policy,
+            f"{new['avg_jct_s']:,.1f}",
+            f"{old['avg_jct_s']:,.1f}",
+            f"{100 * dj:+.2f} %",
+            f"{new['avg_queue_s']:,.1f}",
+            f"{old['avg_queue_s']:,.1f}",
+            f"{100 * dq:+.2f} %",
+            f"{100 * tol:.0f} % {'ok' if ok else 'MISSED'}",
+        )
+    return table
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="100k jobs on 10k GPUs for the load case")
     ap.add_argument("--base", default=BASE, help="git revision of the baseline engine")
     ap.add_argument("--no-base", action="store_true", help="skip the baseline")
+    ap.add_argument("--regression", action="store_true", help="also every pre-merge policy against the baseline")
+    ap.add_argument("--only-regression", action="store_true", help="only the regression table")
     args = ap.parse_args()
     n, gpus = (100_000, 10_000) if args.quick else (1_000_000, 100_000)
     cases = [("philly", p, 0, 0) for p in ("fifo", "tiresias", "aryl")]
@@ -87,6 +123,10 @@ def main() -> None:
             if base_src is None:
                 console.print(f"baseline {args.base} unavailable: {made.stderr.decode().strip()[:120]}")
         try:
+            if args.regression or args.only_regression:
+                console.print(regression_table(base_src))
+            if args.only_regression:
+                return
             for kind, policy, cn, cg in cases:
                 new = run_case(ROOT / "src", kind, policy, cn, cg)
                 # the load case's trace comes from the new generator (the old one did not load a cluster): no baseline
@@ -115,7 +155,8 @@ def main() -> None:
         finally:
             if base_src is not None:
                 subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(wt)], capture_output=True)
-    console.print(table)
+    if not args.only_regression:
+        console.print(table)
 
 
 if __name__ == "__main__":
