@@ -603,6 +603,7 @@ class Simulator:
         # g GPUs fell ``_short`` GPUs short, a later job needing g - _short + 1 or more cannot win either (a pure
         # shortcut: it skips only searches that would fail)
         short_g: dict[tuple[int, ...], int] = {}
+        single = len(self.parts) == 1
         while heads:
             entry, ck = heads.pop(0)
             j = entry[2]
@@ -637,6 +638,8 @@ class Simulator:
             if pol.blocking:
                 return
             blocked.add(ck)
+            if single and free_now == 0 and (not preemptive or min(fail_g, short_g.get(allowed, fail_g)) <= 1):
+                return  # no free GPU and nothing left to preempt for any later (worse) head: the pass is over
 
     # ------------------------------------------------------------------ main loop
     def run(self) -> SimResult:
