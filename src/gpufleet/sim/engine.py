@@ -569,20 +569,11 @@ class Simulator:
         return h[0] if h else None
 
     def _heads(self) -> list[tuple]:
-        """The best entry of every non-empty waiting class with its class, best first (:meth:`_head` inlined:
-        this runs at the start of every pass and after every preemption)."""
         heads = []
-        waiting = self._waiting
-        wver = self._wver
-        pop = heapq.heappop
         for ck in self._class_keys:
-            h = waiting[ck]
-            while h:
-                e = h[0]
-                if e[3] == wver[e[2]]:
-                    heads.append((e, ck))
-                    break
-                pop(h)
+            e = self._head(ck)
+            if e is not None:
+                heads.append((e, ck))
         heads.sort()
         return heads
 
@@ -623,18 +614,15 @@ class Simulator:
                 and not (g <= free_now and pol.placer.waited)
             ):
                 if self._heap_victims and not self._any_victim(j):  # the search would find no job to preempt
-                    fail_g = g
-                    short = min(g - self.parts[p].total_free for p in allowed)
-                    short_g[allowed] = min(short_g.get(allowed, g), g - max(short, 1) + 1)
+                    self._short = max(min(g - self.parts[p].total_free for p in allowed), 1)
                 elif self._preempt_for(j):
                     # victims went back to the queue: rebuild the heads, keeping blocked classes out
                     free_now = sum(p.total_free for p in self.parts)
                     heads = [h for h in self._heads() if h[1] not in blocked]
                     short_g.clear()  # victims worse than this job but better than later ones freed GPUs
                     continue
-                else:
-                    fail_g = g
-                    short_g[allowed] = min(short_g.get(allowed, g), g - self._short + 1)
+                fail_g = g
+                short_g[allowed] = min(short_g.get(allowed, g), g - self._short + 1)
             if pol.blocking:
                 return
             blocked.add(ck)
