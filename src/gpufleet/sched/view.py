@@ -50,6 +50,8 @@ class PartitionView(Protocol):
 
     def _plan_consolidate(self, gpus: int) -> Allocation: ...
 
+    def _best_fit_node(self, gpus: int) -> int | None: ...  # the node with the fewest free GPUs that holds ``gpus``
+
 
 class NetworkView(Protocol):
     """The network model's per-node NIC load and the jobs' communication profiles."""

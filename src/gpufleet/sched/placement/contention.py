@@ -24,13 +24,11 @@ class ContentionPlacement(CandidatePlacement):
         speed (spreading never beats the fewest nodes) and takes nothing from others, so it costs 0, the least
         any candidate can, and ties go to the first slot, the same node. Only the others build the candidates."""
         g = self.sim.gpus[j]
-        gpn = part.gpus_per_node
-        if g <= gpn and g <= part.total_free and float(self.opts["wait_below"]) <= 1.0:
-            buckets = part.buckets
-            for k in range(g, gpn + 1):
-                if buckets[k]:
-                    self.waited = False
-                    return part.take([(next(iter(buckets[k])), g)])
+        if g <= part.gpus_per_node and g <= part.total_free and float(self.opts["wait_below"]) <= 1.0:
+            node = part._best_fit_node(g)
+            if node is not None:
+                self.waited = False
+                return part.take([(node, g)])
         return super().place(j, p, part)
 
     def choose(self, j: int, p: int, part: Any, cands: list) -> int | None:
