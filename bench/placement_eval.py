@@ -9,7 +9,11 @@ consolidate row (against the best network-free row) that the best rl row wins ba
 Trace roles were fixed before any rl setting was chosen (docs/contention.md):
 - validation (settings and checkpoints were chosen on these only): ElasticFlow cluster03, Philly jobs
   20,000-29,999;
-- held apart (no selection looked at them): ElasticFlow cluster02 and cluster01, Philly jobs 60,000-69,999.
+- held apart (no selection looked at them): ElasticFlow cluster02 and cluster01, Philly jobs 60,000-69,999
+  (these were run once at the end of the first rl session, so they have been seen once);
+- held apart, fixed before the arrival-trained model (issue 24, second session) was trained and never run before
+  its final evaluation: Philly jobs 40,000-49,999. Training windows never overlap a validation or held-apart
+  window (:data:`EVAL_WINDOWS`).
 
 Each cluster is the default cluster resized so that the trace offers 90 % of its GPUs' time over its arrival
 window (at least the largest job), so that queues form.
@@ -69,7 +73,10 @@ CASES = (
     TraceCase("ef02", "held-apart", "elasticflow_cluster02.csv.gz"),
     TraceCase("ef01", "held-apart", "elasticflow_cluster01.csv.gz"),
     TraceCase("philly-60k", "held-apart", "philly", 60_000, 10_000),
+    TraceCase("philly-40k", "held-apart", "philly", 40_000, 10_000),
 )
+#: Philly job ranges (in submit order) that evaluation uses; training must draw its windows outside them.
+EVAL_WINDOWS = tuple((c.start, c.start + c.jobs) for c in CASES if c.source == "philly")
 
 
 def load_case(case: TraceCase) -> pl.DataFrame:
