@@ -232,6 +232,16 @@ _SOURCES: tuple[_Source, ...] = (
         vp=(1,),
         recompute=("full",),
     ),
+    # NeMo 24.12's performance summary: the same Megatron-Core fp8 recipes as Megatron-Bridge's, a year earlier
+    _Source(
+        r"^NVIDIA NeMo Framework 24",
+        "NeMo 24.12 (fp8)",
+        {"precision": "fp8", "flash_attention": True, "zero": 1, "tp_overlap": True, "dp_overlap": True},
+        "ib-ndr",
+        mbs=(1,),
+        vp=(1,),
+        recompute=("none",),
+    ),
     _Source(
         r"^NVIDIA-NeMo/Megatron-Bridge",
         "Megatron-Bridge (fp8)",
@@ -274,6 +284,7 @@ _GROUP_STACKS = {
     "MLPerf GPT-3 (fp8)": "nemo",
     "MosaicML MPT (FSDP)": "fsdp",
     "Megatron-Bridge (fp8)": "nemo",
+    "NeMo 24.12 (fp8)": "nemo",
 }
 
 #: Model names in the table that differ from a catalog name or alias.
@@ -399,6 +410,8 @@ def _row_options(source: _Source, row: dict[str, str | None], tp: int, pp: int, 
     text = f"{row.get('precision') or ''} {row.get('reported') or ''} {row.get('notes') or ''}"
     if "precision" not in opts:
         opts["precision"] = "fp8" if "fp8" in text.lower() or "float8" in text.lower() else "bf16"
+    if re.search(r"\bFSDP\s*\d", row.get("notes") or ""):  # the row publishes fully sharded data parallelism
+        opts["zero"] = 3
     if source.group.startswith("torchtitan"):
         opts["fused_ops"] = "compile" in text
         opts["tp_overlap"] = "AsyncTP" in text.replace(" ", "")

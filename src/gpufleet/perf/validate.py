@@ -19,7 +19,7 @@ from gpufleet.perf.flops import RECOMPUTE_MODES, hardware_flops_per_step, model_
 from gpufleet.perf.ground_truth import Case
 from gpufleet.perf.step import evaluate
 
-__all__ = ["error_summary", "is_calibration", "predict_case", "validate_cases"]
+__all__ = ["error_summary", "is_calibration", "predict_case", "split_of", "validate_cases"]
 
 #: Rows whose errors set the efficiency constants (``perf calibrate``); all others are held out.
 #: Per GPU generation and network: A100 on InfiniBand (Korthikanti, Narayanan Table 1), A100 on RoCE
@@ -34,6 +34,13 @@ _CALIBRATION_RULES: dict[str, Callable[[Case], bool]] = {
     "Megatron-Bridge (fp8)": lambda case: True,
     "MosaicML MPT (FSDP)": lambda case: "A100" in case.label,
 }
+
+
+def split_of(case: Case) -> str:
+    """The split ``case`` belongs to: the table's ``split`` column (calibration, held-out or fresh), else the rules."""
+    if case.split:
+        return case.split
+    return "calibration" if is_calibration(case) else "held-out"
 
 
 def is_calibration(case: Case) -> bool:
@@ -127,7 +134,7 @@ def validate_cases(cases: Sequence[Case], efficiency: Efficiency | None = None) 
                 "stack": case.options.stack or "megatron-core",
                 "stack_used": used,
                 "stack_note": note,
-                "split": "calibration" if is_calibration(case) else "held-out",
+                "split": split_of(case),
                 "layout": f"TP{case.tp} PP{case.pp} DP{case.dp} CP{case.cp}{ep} "
                 f"mbs{p['mbs']} v{p['vp']} {p['recompute']}",
                 "metric": case.target_kind,
