@@ -7,10 +7,16 @@ sensitivity and intensity on two nodes, its GPU share of a node, its remaining w
 for it free up and how many free up within a quarter of its length, in units of its own size) and the
 cluster (busy share, share of whole free nodes, queued jobs per node and queued GPU demand, mean NIC load). Nothing
 depends on the number of nodes, so a policy trained on the 4-node testbed runs on a 64-node cluster.
+
+With ``arrivals`` the vector goes on with what arrivals change (:data:`ARRIVAL_FEATURES`): how long the job has
+waited (against its remaining time, and in hours), the share of its work done (a preempted job's), and how many
+jobs arrived per node within its remaining time before now. Models trained without them read the first
+:data:`OBS_SIZE` values, so the old observation is a prefix of the new one.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 from typing import Any
 
@@ -22,6 +28,9 @@ SLOT_FEATURES = 7
 JOB_FEATURES = 6
 CLUSTER_FEATURES = 5
 OBS_SIZE = N_SLOTS * SLOT_FEATURES + JOB_FEATURES + CLUSTER_FEATURES
+ARRIVAL_FEATURES = 4
+#: The observation with the arrival features (the ``rl`` placement trained on arrivals reads it).
+ARRIVAL_OBS_SIZE = OBS_SIZE + ARRIVAL_FEATURES
 #: The action that leaves the job waiting; 0 .. N_SLOTS-1 choose a slot.
 WAIT = N_SLOTS
 #: The action that hands the decision to the contention heuristic (the paper's RL-hybrid, made explicit: the
@@ -30,9 +39,10 @@ HEURISTIC = N_SLOTS + 1
 N_ACTIONS = N_SLOTS + 2
 
 
-def observe(sim: Any, j: int, p: int, part: Any, cands: list, scores: list) -> np.ndarray:
-    """The observation for placing job ``j`` on partition ``p`` given its candidates and their scores."""
-    obs = np.zeros(OBS_SIZE, dtype=np.float32)
+def observe(sim: Any, j: int, p: int, part: Any, cands: list, scores: list, arrivals: bool = False) -> np.ndarray:
+    """The observation for placing job ``j`` on partition ``p`` given its candidates and their scores (with
+    ``arrivals``, followed by :func:`arrival_features`)."""
+    obs = np.zeros(ARRIVAL_OBS_SIZE if arrivals else OBS_SIZE, dtype=np.float32)
     net = sim.network
     g = sim.gpus[j]
     gpn = part.gpus_per_node
@@ -90,7 +100,26 @@ def observe(sim: Any, j: int, p: int, part: Any, cands: list, scores: list) -> n
         min(sim.waiting_gpus / total, 4.0) / 4.0,
         min(mean_load, 4.0) / 4.0,
     )
+    if arrivals:
+        obs[OBS_SIZE:] = arrival_features(sim, j, nodes)
     return obs
+
+
+def arrival_features(sim: Any, j: int, nodes: int) -> tuple[float, float, float, float]:
+    """What arrivals change for job ``j``: its wait so far over its remaining time and in hours (log-scaled),
+    the share of its work done (preemption leaves it part-way), and the jobs that arrived within its remaining
+    time before now, per node (log-scaled). Each means the same on 4 nodes or 4,000."""
+    horizon = max(float(sim.remaining[j]), 1.0)
+    waited = max(sim.now - sim.submit[j] - sim.held_s[j], 0.0)
+    done = 1.0 - float(sim.remaining[j]) / max(float(sim.duration[j]), 1e-9)
+    submit = sim.submit  # in submit order (the workload's)
+    recent = bisect.bisect_right(submit, sim.now) - bisect.bisect_left(submit, sim.now - horizon)
+    return (
+        min(math.log1p(waited / horizon) / 3.0, 1.0),
+        min(math.log1p(waited / 3600.0) / 3.0, 1.0),
+        min(max(done, 0.0), 1.0),
+        min(math.log1p(recent / max(nodes, 1)) / 4.0, 1.0),
+    )
 
 
 def action_mask(cands: list, can_wait: bool) -> np.ndarray:

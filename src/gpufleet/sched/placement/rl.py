@@ -21,11 +21,21 @@ from gpufleet.errors import ConfigError
 from gpufleet.sched.candidates import N_SLOTS
 from gpufleet.sched.placement.base import register
 from gpufleet.sched.placement.candidates import CandidatePlacement, least_cost
-from gpufleet.sched.rl_features import HEURISTIC, N_ACTIONS, SLOT_FEATURES, WAIT, action_mask, observe
+from gpufleet.sched.rl_features import (
+    ARRIVAL_OBS_SIZE,
+    HEURISTIC,
+    N_ACTIONS,
+    SLOT_FEATURES,
+    WAIT,
+    action_mask,
+    observe,
+)
 from gpufleet.sched.rl_model import ActorMLP, read_actor
 
-#: The model that ships in the wheel.
+#: The model that ships in the wheel for the unguarded policy (the ``rl`` alias, trained on t = 0 mixes).
 DEFAULT_MODEL = "contention_ppo.zip"
+#: The model the guarded placement loads when the wheel has it (trained on arrivals under every order).
+ARRIVALS_MODEL = "placement_arrivals_ppo.zip"
 _MODELS: dict[str, Any] = {}
 
 #: A decider maps (observation, feasible-action mask) to an action; the training environment supplies one.
@@ -44,9 +54,15 @@ def require_rl() -> None:
         raise ConfigError(f"the rl policy needs {', '.join(missing)}: pip install 'gpufleet[rl]'")
 
 
-def default_model_path() -> Path:
-    """Where the shipped model lives."""
-    return Path(str(resources.files("gpufleet.data").joinpath("rl").joinpath(DEFAULT_MODEL)))
+def default_model_path(name: str = DEFAULT_MODEL) -> Path:
+    """Where the shipped model ``name`` lives."""
+    return Path(str(resources.files("gpufleet.data").joinpath("rl").joinpath(name)))
+
+
+def guarded_model_path() -> Path:
+    """The model the guarded placement loads by default: the arrival-trained one when shipped, else the t = 0 one."""
+    path = default_model_path(ARRIVALS_MODEL)
+    return path if path.is_file() else default_model_path()
 
 
 def load_model(path: str | Path | None) -> ActorMLP:
@@ -82,8 +98,12 @@ class RLPlacement(CandidatePlacement):
     #: GPUs for it are expected to free up within ``outlook`` x its remaining time (0: any time) and it has not yet
     #: waited ``max_wait`` x its remaining time (0: no limit); with ``wait_rule`` > 0 it then waits, otherwise the
     #: model decides. Anything else falls back to consolidate. ``guard`` 0: the unguarded policy of the ``rl``
-    #: alias (the t = 0 mixes it was trained and judged on).
+    #: alias (the t = 0 mixes it was trained and judged on). ``arrivals``: 1 observes the arrival features
+    #: (:func:`gpufleet.sched.rl_features.arrival_features`), 0 not, -1 (default) as wide as the model reads (a
+    #: decider gets the old observation). A guarded decision with one allowed slot and no wait asks no one.
+    #: ``model`` empty: the guarded policy loads :func:`guarded_model_path`, the unguarded one the t = 0 model.
     options: ClassVar[dict[str, float | str]] = {
+        "arrivals": -1.0,
         "model": "",
         "sample": 1.0,
         "guard": 1.0,
@@ -102,20 +122,27 @@ class RLPlacement(CandidatePlacement):
         self.delegated = 0
         self.waits = 0
         self._fast: Callable[[np.ndarray], np.ndarray] | None = None
+        self._width = 0  # values of the observation the model reads (0: all)
+        self._arrivals = False
 
     def bind(self, sim: Any) -> None:
         super().bind(sim)
         seed = int(float(self.opts["sample"]))
         self._rng = np.random.default_rng(seed) if seed > 0 else None
-        if self.decider is None and self._fast is None:
-            self._fast = load_model(str(self.opts["model"]) or None).probs  # read once, not at every run bound
+        if self.decider is None and self._fast is None:  # read once, not at every run bound
+            guarded = float(self.opts["guard"]) > 0
+            path = str(self.opts["model"]) or (str(guarded_model_path()) if guarded else None)
+            actor = load_model(path)
+            self._fast, self._width = actor.probs, actor.n_obs
+        mode = float(self.opts["arrivals"])
+        self._arrivals = mode > 0 or (mode < 0 and self._width >= ARRIVAL_OBS_SIZE)
 
     def _act(self, obs: np.ndarray, mask: np.ndarray) -> int:
         if self.decider is not None:
             return int(self.decider(obs, mask))
         assert self._fast is not None, "bind() loads the model"
         # trained with the same mask (MaskablePPO): infeasible actions mean nothing
-        return self._pick(self._fast(obs) * mask)
+        return self._pick(self._fast(obs[: self._width]) * mask)
 
     def _pick(self, probs: np.ndarray) -> int:
         """The most likely feasible action, or one drawn in proportion (``sample``); the heuristic if none."""
@@ -128,7 +155,7 @@ class RLPlacement(CandidatePlacement):
     def choose(self, j: int, p: int, part: Any, cands: list) -> int | None:
         sim = self.sim
         scores = self.scores(j, p, cands)
-        obs = observe(sim, j, p, part, cands, scores)
+        obs = observe(sim, j, p, part, cands, scores, arrivals=self._arrivals)
         can_wait = sim.n_running > 0 and self.may_wait
         if float(self.opts["guard"]) > 0:
             return self._choose_guarded(j, cands, scores, obs, can_wait)
@@ -156,10 +183,14 @@ class RLPlacement(CandidatePlacement):
         if wait_ok and outlook > 0:
             wait_ok = float(obs[SOON]) * 4.0 <= outlook
         limit = float(self.opts["max_wait"])
-        if wait_ok and limit > 0:
+        if wait_ok and limit > 0:  # the time it has waited in the queue so far, against its remaining time
             sim = self.sim
-            waited = sim.now - sim.submit[j] - (sim.duration[j] - sim.remaining[j])
+            waited = sim.now - sim.submit[j] - sim.held_s[j]
             wait_ok = waited < limit * max(sim.remaining[j], 1.0)
+        if not wait_ok:  # nothing to choose when every allowed slot is the same node set: no one is asked
+            slots = np.flatnonzero(allowed[:N_SLOTS])
+            if len({tuple(sorted(cands[i])) for i in slots}) == 1:
+                return int(slots[-1])
         self.decisions += 1
         if wait_ok and float(self.opts["wait_rule"]) > 0:
             self.waits += 1

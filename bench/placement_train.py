@@ -1,0 +1,205 @@
+"""Train the guarded ``rl`` placement on arrivals under every order, and choose a checkpoint on validation only.
+
+Episodes (drawn per reset, seeded):
+- **Philly windows** of 500-1,500 consecutive jobs from job ranges that no evaluation uses (0-19,999, 30,000-39,999,
+  50,000-59,999, 70,000-end: :data:`placement_eval.EVAL_WINDOWS` is left out), on the default cluster sized by the
+  bench's rule at a load drawn from 0.8-1.1, times 1.2-3 (short windows queue less);
+- **synthetic arrivals**: DeepShare model mixes with Poisson arrivals, sized the same way;
+- **t = 0 mixes** (every job at once) on 32-64 GPUs, one workload among the three.
+
+The order is drawn per episode from srtf, las, tiresias (preemptive), fifo and sjf. The placement is the guarded
+``rl`` one with the model deciding the waits (``wait_rule`` 0) and the arrival features on. ElasticFlow traces are
+all validation or held-apart, so none is trained on.
+
+    python bench/placement_train.py train --out /tmp/pl/model.zip --steps 150000     # resumable
+    python bench/placement_train.py select --out /tmp/pl/model.zip                   # validation traces only
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+from rich.console import Console
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpufleet.perf.comm_profiles import assign_profiles
+from gpufleet.sched.placement.rl import RLPlacement
+from gpufleet.sched.placement.rl_fit import checkpoints, fit_placement
+from gpufleet.sched.placement.rl_gym import make_placement_env
+from gpufleet.sched.policy import make_policy
+from gpufleet.sim.config import SimConfig
+from gpufleet.sim.engine import Simulator
+from gpufleet.sim.mixes import generate_mix
+from gpufleet.sim.network import network_for
+from gpufleet.sim.run import RunSpec, run_one
+from gpufleet.sim.workload import Workload, partitions_for
+from gpufleet.spec import load_cluster
+from gpufleet.traces import load_trace
+from placement_eval import CASES, EVAL_WINDOWS, load_case, sized_gpus
+
+ORDERS = ("srtf", "las", "tiresias", "fifo", "sjf")
+MIXES = ("heavy", "medium", "light", "random", "equal")
+#: Share of episodes per workload: Philly windows, synthetic arrivals, t = 0 mixes.
+WORKLOADS = {"philly": 0.5, "poisson": 0.3, "batch": 0.2}
+#: The guarded placement as trained: the model decides the waits and reads the arrival features.
+TRAIN_OPTS: dict[str, float] = {"guard": 1.0, "wait_rule": 0.0, "arrivals": 1.0}
+SEED_BASE = 1_000_000  # synthetic mixes train on seeds from here (evaluation seeds stay below)
+console = Console(stderr=True)
+
+
+def training_ranges(total: int) -> list[tuple[int, int]]:
+    """Philly job ranges outside every evaluation window."""
+    out, start = [], 0
+    for lo, hi in sorted(EVAL_WINDOWS):
+        if lo > start:
+            out.append((start, lo))
+        start = max(start, hi)
+    if start < total:
+        out.append((start, total))
+    return out
+
+
+class Episodes:
+    """Draws one training episode: jobs, a cluster sized to them, an order, and the guarded rl placement."""
+
+    def __init__(self, placement_opts: dict[str, float] | None = None) -> None:
+        self.philly = load_trace("philly").jobs.sort("submit_s")
+        self.ranges = training_ranges(self.philly.height)
+        self.base = load_cluster(None)
+        self.opts = {**TRAIN_OPTS, **(placement_opts or {})}
+
+    def jobs(self, rng: np.random.Generator) -> tuple[pl.DataFrame, int]:
+        kinds = list(WORKLOADS)
+        kind = kinds[int(rng.choice(len(kinds), p=list(WORKLOADS.values())))]
+        load = float(rng.uniform(0.8, 1.1))
+        if kind == "philly":
+            lo, hi = self.ranges[int(rng.integers(len(self.ranges)))]
+            size = int(rng.integers(500, 1500))
+            start = int(rng.integers(lo, max(hi - size, lo + 1)))
+            jobs = self.philly.slice(start, min(size, hi - start))
+            jobs = jobs.with_columns(pl.col("submit_s") - pl.col("submit_s").min())
+            jobs = assign_profiles(jobs, None, seed=int(rng.integers(1 << 30)))
+            # a short window's long jobs run on long after its last arrival: sized at the bench's load it never
+            # queues, so it is offered more
+            return jobs, sized_gpus(jobs, load * float(rng.uniform(1.2, 3.0)))
+        mix = MIXES[int(rng.integers(len(MIXES)))]
+        seed = SEED_BASE + int(rng.integers(1 << 30))
+        if kind == "poisson":
+            jobs = generate_mix(mix, jobs=int(rng.integers(200, 600)), seed=seed, arrival="poisson")
+            return jobs, sized_gpus(jobs, load)
+        gpus = int(rng.choice([32, 64]))
+        return generate_mix(mix, jobs=int(rng.integers(64, 256)), seed=seed, arrival="batch"), gpus
+
+    def __call__(self, rng: np.random.Generator, decider: Any) -> Simulator:
+        jobs, gpus = self.jobs(rng)
+        spec = self.base.resized(gpus)
+        parts = partitions_for(spec)
+        policy = make_policy(ORDERS[int(rng.integers(len(ORDERS)))])
+        policy.use_placement(RLPlacement(decider=decider, **self.opts))
+        net = network_for(spec, parts, jobs)
+        return Simulator(Workload.from_frame(jobs), parts, policy, SimConfig(network=True), network=net)
+
+
+def train(args: argparse.Namespace) -> None:
+    env = make_placement_env(Episodes({"margin": args.margin}), seed=args.seed)
+    summary = fit_placement(
+        env, args.out, steps=args.steps, seed=args.seed, checkpoint_every=args.checkpoint_every, progress=True
+    )
+    print(json.dumps(summary, indent=1))
+
+
+# -- selection on the validation traces only ------------------------------------------------------------------
+def _run(jobs: pl.DataFrame, spec: Any, label: str, network: bool, opts: dict) -> dict:
+    s = run_one(RunSpec(label, jobs, spec, SimConfig(network=network), placement_opts=opts)).summary
+    if s["finished"] < s["jobs"]:
+        raise SystemExit(f"{label}: finished {s['finished']} of {s['jobs']} jobs")
+    return {"avg": float(s["avg_jct_s"]), "p99": float(s["p99_jct_s"])}
+
+
+def validate(variants: dict[str, dict], orders: list[str], cache: Path) -> pl.DataFrame:
+    """Each variant (rl placement options) against consolidate under every order, on the validation traces."""
+    base = json.loads(cache.read_text()) if cache.is_file() else {}
+    rows = []
+    for case in (c for c in CASES if c.role == "validation"):
+        jobs = load_case(case)
+        spec = load_cluster(None).resized(sized_gpus(jobs))
+        for order in orders:
+            key = f"{case.name}/{order}"
+            if key not in base:
+                base[key] = _run(jobs, spec, order, True, {})
+                cache.write_text(json.dumps(base))
+            for name, opts in variants.items():
+                t0 = time.perf_counter()
+                r = _run(jobs, spec, f"{order}+rl", True, opts)
+                rows.append(
+                    {
+                        "variant": name,
+                        "trace": case.name,
+                        "order": order,
+                        "avg_ratio": r["avg"] / base[key]["avg"],
+                        "p99_ratio": r["p99"] / base[key]["p99"],
+                        "s": time.perf_counter() - t0,
+                    }
+                )
+                console.log(f"{name} {key}: avg {rows[-1]['avg_ratio']:.3f} p99 {rows[-1]['p99_ratio']:.3f}")
+    return pl.DataFrame(rows)
+
+
+def score(frame: pl.DataFrame) -> pl.DataFrame:
+    """Per variant: the worst ratio to consolidate over cells (avg or p99; the bar's checks) and the mean avg ratio."""
+    return (
+        frame.group_by("variant", maintain_order=True)
+        .agg(
+            pl.max_horizontal("avg_ratio", "p99_ratio").max().alias("worst"),
+            pl.col("avg_ratio").mean().alias("mean_avg"),
+            pl.col("p99_ratio").max().alias("worst_p99"),
+            pl.col("avg_ratio").max().alias("worst_avg"),
+        )
+        .sort("worst", "mean_avg")
+    )
+
+
+def select(args: argparse.Namespace) -> None:
+    out = Path(args.out).with_suffix(".zip")
+    ckpts = [p for n, p in checkpoints(out.with_name(out.stem + ".ckpt")) if n >= args.from_step]
+    if out.is_file():
+        ckpts.append(out)
+    variants: dict[str, dict] = {"rule": {}}
+    extra = json.loads(args.opts) if args.opts else {}
+    for p in ckpts:
+        variants[p.stem] = {"model": str(p), "wait_rule": 0.0, **extra}
+    frame = validate(variants, args.orders.split(","), Path(args.cache))
+    if args.json:
+        frame.write_json(args.json)
+    print(score(frame))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    t = sub.add_parser("train")
+    t.add_argument("--out", required=True)
+    t.add_argument("--steps", type=int, default=150_000)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--margin", type=float, default=0.0)
+    t.add_argument("--checkpoint-every", type=int, default=10_240)
+    s = sub.add_parser("select")
+    s.add_argument("--out", required=True)
+    s.add_argument("--from-step", type=int, default=0)
+    s.add_argument("--orders", default=",".join(ORDERS))
+    s.add_argument("--opts", help="JSON of extra rl options for every checkpoint (e.g. a tail guard)")
+    s.add_argument("--cache", default="/tmp/placement_val_consolidate.json")
+    s.add_argument("--json")
+    args = ap.parse_args()
+    train(args) if args.cmd == "train" else select(args)
+
+
+if __name__ == "__main__":
+    main()
