@@ -65,4 +65,4 @@ def test_in_flight_micro_batches_per_rank():
 
 def test_simulator_constants_keep_revision_one():
     assert jobspeed_efficiency().software.revision == 1
-    assert default_efficiency().software.revision == 2
+    assert default_efficiency().software.revision == 3

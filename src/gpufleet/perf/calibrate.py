@@ -27,11 +27,9 @@ __all__ = ["FITTED", "calibrate", "write_efficiency"]
 #: is batched GEMMs of head-dim width, which stay below large GEMMs' ~75 % of peak.
 FITTED: tuple[tuple[str, str, float, float], ...] = (
     ("compute.ampere", "gemm", 0.5, 0.95),
-    ("compute.ampere", "gemm_half_width", 0.0, 1500.0),
     ("compute.ampere", "attention", 0.05, 0.75),
     ("compute.ampere", "flash_attention", 0.35, 0.8),
     ("compute.hopper", "gemm", 0.4, 0.95),
-    ("compute.hopper", "gemm_half_width", 0.0, 3000.0),
     ("compute.hopper", "flash_attention", 0.3, 0.8),
     ("compute.hopper", "fp8_gemm", 0.2, 0.95),
     ("compute.*", "elementwise_bytes", 0.0, 400.0),

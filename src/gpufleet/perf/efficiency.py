@@ -84,9 +84,10 @@ class SoftwareConstants(BaseModel):
     revision: int = Field(
         default=1,
         ge=1,
-        le=2,
+        le=3,
         description="model structure: 1 as frozen for the simulator's job speeds; 2 adds per-op activation "
-        "inventories, per-stage pipeline memory and GiB capacities",
+        "inventories, per-stage pipeline memory and GiB capacities; 3 adds the HBM writes of GEMM outputs "
+        "(gpufleet.perf.gemm_io) in place of a fitted narrow-width curve",
     )
 
 

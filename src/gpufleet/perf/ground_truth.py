@@ -473,6 +473,11 @@ def read_cases(path: str | Path | None = None) -> tuple[list[Case], list[Skipped
             vp = (written["vp"],)
         elif written.get("interleaved") and pp > 1 and _int(row["pp"]) is None:  # a layout read from the notes
             vp = tuple(v for v in _TUNED_VP if v > 1)
+        if source.group.startswith("torchtitan") and pp > 1 and not _int(row["mbs"]):
+            # torchtitan at its benchmark commit (9dec370, pipelining_utils.py): as many micro-batches as pipeline
+            # ranks unless configured, and two stages per rank for interleaved (multi-stage) schedules
+            mbs = (max(gbs // (dp * pp), 1),) if gbs else mbs
+            vp = (2,) if written.get("interleaved") else (1,)
         common = {
             "source": src,
             "model": model,

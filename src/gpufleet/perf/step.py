@@ -33,6 +33,7 @@ from gpufleet.perf.flops import (
     param_count,
     params_per_layer,
 )
+from gpufleet.perf.gemm_io import flash_length_efficiency, gemm_output_bytes_per_token_layer
 from gpufleet.perf.memory import (
     activation_bytes_per_token_layer,
     activation_inventory,
@@ -242,6 +243,8 @@ def evaluate(
     window = min(1.0, opt.sliding_window / s) if opt.sliding_window else 1.0
     executed_attn = attention_flops_per_token_layer(model, s, causal=opt.flash_attention) * window
     attn_eff = ce.flash_attention if opt.flash_attention else ce.attention
+    if opt.flash_attention and sw.revision >= 3:  # short key loops do not amortise a query tile's fixed work
+        attn_eff = attn_eff * flash_length_efficiency(s, True, opt.sliding_window)
     t_attn = executed_attn * tok / tp / (peak16 * attn_eff)
     if not opt.flash_attention:  # scores written, softmaxed, dropped out and read back through HBM
         t_attn = t_attn + 10.0 * model.heads * s * window * tok / tp / mem_rate
@@ -261,6 +264,9 @@ def evaluate(
     t_recompute = np.select([rc == 2, rc == 1], [t_fwd, t_selective], default=0.0)
     # kernel launches and host-side gaps of one layer's forward + backward (matter for small layers)
     t_layer_compute = 3.0 * t_fwd + t_recompute + sw.layer_overhead_us * 1e-6
+    if sw.revision >= 3:  # GEMM outputs written through HBM: full-width outputs of narrow (row-parallel) GEMMs
+        io_fwd, io_bwd = gemm_output_bytes_per_token_layer(model, tp)
+        t_layer_compute = t_layer_compute + (io_fwd * (1.0 + (rc == 2)) + io_bwd) * tok / mem_rate
     if rev2:  # GEMM roofline: no pass is faster than streaming its weights (or its fp32 weight gradients) once
         t_layer_compute = t_layer_compute + _weight_streaming(model, opt, tp, ep, t_gemm, t_gemm_exp, mem_rate, rc)
 
