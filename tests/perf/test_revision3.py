@@ -65,3 +65,28 @@ def test_torchtitan_pipelines_split_the_local_batch_into_one_micro_batch_per_sta
     for case in pipelined:
         assert case.mbs == (case.gbs // (case.dp * case.pp),)  # torchtitan's default: micro-batches = PP degree
         assert case.vp in ((1,), (2,))  # interleaved schedules take two stages per rank
+
+
+def test_interleaved_layouts_have_micro_batches_in_multiples_of_the_pipeline_depth() -> None:
+    from gpufleet.perf.planner import plan_layouts
+
+    system = System.build("a100-80g", "ib-hdr")
+    plan = plan_layouts(get_model("gpt3-175b"), system, 1024, 768, seq=2048, top=200)
+    inter = plan.table.filter(plan.table["vp"] > 1)
+    assert inter.height
+    for r in inter.iter_rows(named=True):
+        assert (768 // (r["dp"] * r["mbs"])) % r["pp"] == 0
+
+
+def test_overlapped_gradient_traffic_also_hides_in_the_pipeline_bubble() -> None:
+    system = System.build("h100", "roce-400g")
+    eff3 = default_efficiency()
+    eff2 = eff3.model_copy(update={"software": eff3.software.model_copy(update={"revision": 2})})
+    layout = {"tp": 8, "pp": 16, "dp": 64, "vp": 1}
+    opts = TrainOptions(dp_overlap=True, zero=1)
+    model = get_model("llama3-405b")
+    exposed = [
+        float(evaluate(model, system, 2048, seq=8192, options=opts, efficiency=e, **layout)["dp_comm_exposed"])
+        for e in (eff2, eff3)
+    ]
+    assert exposed[1] < exposed[0]

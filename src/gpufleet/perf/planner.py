@@ -129,6 +129,9 @@ def _valid(model: ModelSpec, gbs: int, seq: int, c: dict[str, np.ndarray], edge_
     if edge_chunks:
         even |= (model.layers + edge_chunks) % (c["pp"] * c["vp"]) == 0
     ok &= (c["vp"] == 1) | even
+    # the interleaved schedule needs the micro-batch count to be a multiple of the pipeline depth (Narayanan et al.
+    # 2021, section 2.2.2; Megatron-LM asserts it)
+    ok &= (c["vp"] == 1) | ((gbs // np.maximum(c["dp"] * c["mbs"], 1)) % c["pp"] == 0)
     kv = model.kv_heads_eff
     ok &= (kv % c["tp"] == 0) | (c["tp"] % kv == 0)
     return ok

@@ -205,6 +205,7 @@ def evaluate(
     link = eff.for_nic(system.nic)
     sw = eff.software
     rev2 = sw.revision >= 2  # model structure 2 (the simulator's frozen constants stay on 1)
+    rev3 = sw.revision >= 3
     s = int(seq or model.seq)
     h, vocab = model.hidden, model.vocab
     tp, pp, dp, cp, mbs, vp = (_arr(x) for x in (tp, pp, dp, cp, mbs, vp))
@@ -243,7 +244,7 @@ def evaluate(
     window = min(1.0, opt.sliding_window / s) if opt.sliding_window else 1.0
     executed_attn = attention_flops_per_token_layer(model, s, causal=opt.flash_attention) * window
     attn_eff = ce.flash_attention if opt.flash_attention else ce.attention
-    if opt.flash_attention and sw.revision >= 3:  # short key loops do not amortise a query tile's fixed work
+    if opt.flash_attention and rev3:  # short key loops do not amortise a query tile's fixed work
         attn_eff = attn_eff * flash_length_efficiency(s, True, opt.sliding_window)
     t_attn = executed_attn * tok / tp / (peak16 * attn_eff)
     if not opt.flash_attention:  # scores written, softmaxed, dropped out and read back through HBM
@@ -264,7 +265,7 @@ def evaluate(
     t_recompute = np.select([rc == 2, rc == 1], [t_fwd, t_selective], default=0.0)
     # kernel launches and host-side gaps of one layer's forward + backward (matter for small layers)
     t_layer_compute = 3.0 * t_fwd + t_recompute + sw.layer_overhead_us * 1e-6
-    if sw.revision >= 3:  # GEMM outputs written through HBM: full-width outputs of narrow (row-parallel) GEMMs
+    if rev3:  # GEMM outputs written through HBM: full-width outputs of narrow (row-parallel) GEMMs
         io_fwd, io_bwd = gemm_output_bytes_per_token_layer(model, tp)
         t_layer_compute = t_layer_compute + (io_fwd * (1.0 + (rc == 2)) + io_bwd) * tok / mem_rate
     if rev2:  # GEMM roofline: no pass is faster than streaming its weights (or its fp32 weight gradients) once
@@ -378,6 +379,9 @@ def evaluate(
         else:
             t_dp = rs(grad_bytes) + ag(param_bytes)
         window = t_mb * sw.dp_overlap_window if opt.dp_overlap else 0.0
+        if rev3:  # a stage idles through its pipeline bubble (first stage: cool-down, last: warm-up), where the
+            # overlapped gradient reduce-scatter and next step's parameter all-gather keep running
+            window = window + np.where(opt.dp_overlap, bubble, 0.0)
         dp_exposed = np.maximum(t_dp - window, 0.0)
     dp_exposed = np.where(n_dp > 1, dp_exposed, 0.0)
     if moe:  # expert gradients reduce over the n_dp / ep ranks that hold the same experts

@@ -58,6 +58,8 @@ def _candidates(case: Case) -> list[tuple[int, int, int]]:
         too_deep = case.pp * vp > case.model.layers + 2  # an embedding-only and an output-only chunk (Llama 3)
         if case.gbs % (case.dp * mbs) or too_deep or (vp > 1 and case.pp == 1):
             continue
+        if vp > 1 and len(case.vp) > 1 and (case.gbs // (case.dp * mbs)) % case.pp:
+            continue  # a tuned interleaving needs micro-batches in multiples of PP (Narayanan 2021, section 2.2.2)
         out.append((mbs, vp, RECOMPUTE_MODES.index(rc)))  # type: ignore[arg-type]
     return out or [(case.mbs[0], 1, RECOMPUTE_MODES.index(case.recompute[0]))]  # type: ignore[arg-type]
 
