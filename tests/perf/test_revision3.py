@@ -90,3 +90,16 @@ def test_overlapped_gradient_traffic_also_hides_in_the_pipeline_bubble() -> None
         for e in (eff2, eff3)
     ]
     assert exposed[1] < exposed[0]
+
+
+def test_deepseek_v3s_mtp_module_loads_the_last_stage() -> None:
+    system = System.build("h800", "ib-ndr")
+    with_mtp = get_model("deepseek-v3")
+    assert with_mtp.mtp_depth == 1
+    without = with_mtp.with_overrides(mtp_depth=0)
+    opts = TrainOptions(precision="fp8", ep_overlap=True)
+    layout = {"tp": 1, "pp": 16, "dp": 128, "ep": 64}
+    t = [
+        float(evaluate(m, system, 15360, seq=4096, options=opts, **layout)["step_time_s"]) for m in (without, with_mtp)
+    ]
+    assert t[1] > t[0]

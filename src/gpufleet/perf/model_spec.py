@@ -50,6 +50,9 @@ class ModelSpec(BaseModel):
     moe_every: int = Field(default=1, gt=0, description="after dense_layers, every n-th layer is MoE (Maverick: 2)")
     capacity_factor: float | None = Field(default=None, gt=0, description="token capacity per expert; None = dropless")
     route_nodes: int | None = Field(default=None, gt=0, description="node-limited routing: nodes a token may reach")
+    mtp_depth: int = Field(
+        default=0, ge=0, description="multi-token-prediction modules (DeepSeek-V3: 1), each a block and an output head"
+    )
     # --- multi-head latent attention (DeepSeek-V2/V3); kv_lora_rank None = standard attention ---
     q_lora_rank: int | None = Field(default=None, gt=0)
     kv_lora_rank: int | None = Field(default=None, gt=0)

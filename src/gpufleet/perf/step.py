@@ -304,6 +304,9 @@ def evaluate(
     t_logits = 3.0 * logit_flops_per_token(model) * tok / tp / gemm_rate + 3.0 * 8.0 * vocab * tok / tp / mem_rate
     if stack_constants is not None:
         t_logits = t_logits / stack_constants.compute
+    if rev3 and model.mtp_depth:  # DeepSeek-V3's MTP modules run on the last stage after the main output layer
+        # (its DualPipe and Megatron-Bridge's "...|mL" layout): per module one block and one more output head
+        t_logits = t_logits * (1.0 + model.mtp_depth) + model.mtp_depth * t_layer_compute
     # expert-parallel dispatch and combine, averaged over layers like the MoE FLOPs
     ep_layer = _ep_all_to_all(model, opt, sw, tok / tp, ep, tp * cp, system, intra_bw, nic_bw, rc) if moe else 0.0
     layer_t = t_layer_compute + tp_layer + cp_layer + ep_layer
