@@ -235,3 +235,22 @@ def test_an_explicit_kernel_backend_gets_every_row_on_cpu(hf_folder, adapters):
     engine.ops = dataclasses.replace(torch_ops, name="triton", add_lora=counting)
     assert _run(engine, jobs, 4) == reference
     assert "segments" in forms and "rows" in forms
+
+
+def test_a_model_drawn_on_the_device_has_the_shape_dtype_and_spread_asked():
+    """``random_model_on`` (the GPU bench's 7B path) draws on the device: norms 1, others normal(0, std)."""
+    from gpufleet.serve.weights import random_model_on
+
+    a = random_model_on(TINY_LLAMA, device="cpu", dtype=torch.float16, seed=5)
+    b = random_model_on(TINY_LLAMA, device="cpu", dtype=torch.float16, seed=5)
+    c = random_model_on(TINY_LLAMA, device="cpu", dtype=torch.float16, seed=6)
+    ref = random_model(TINY_LLAMA)
+    assert {k: v.shape for k, v in a.state_dict().items()} == {k: v.shape for k, v in ref.state_dict().items()}
+    for (name, pa), pb, pc in zip(a.named_parameters(), b.parameters(), c.parameters(), strict=True):
+        assert pa.dtype == torch.float16
+        assert torch.equal(pa, pb), name
+        if name.endswith("norm.weight"):
+            assert bool((pa == 1).all()), name
+        else:
+            assert not torch.equal(pa, pc), name
+            assert abs(float(pa.detach().float().std()) - 0.02) < 0.004, name

@@ -158,8 +158,22 @@ WIDE_LLAMA = LlamaConfig(
 """Two layers of a 1B-class Llama (hidden 2048, Llama-2 vocabulary): rank-16 adapters weigh against the base
 weights as in real models (the ratio that decides LoRA's cost), at a depth a CPU benchmark can afford."""
 
+LLAMA_7B = LlamaConfig(
+    vocab_size=32000,
+    hidden_size=4096,
+    intermediate_size=11008,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=32,
+    max_position_embeddings=4096,
+    bos_token_id=256,
+    eos_token_id=257,
+)
+"""Llama-2-7B's shape (Punica's own benchmark model), random: for the GPU bench; 13 GiB in fp16."""
+
 NAMED_RANDOM_MODELS = {
     "tiny-llama-random": TINY_LLAMA,
     "small-llama-random": SMALL_LLAMA,
     "wide-llama-random": WIDE_LLAMA,
+    "llama-7b-random": LLAMA_7B,
 }

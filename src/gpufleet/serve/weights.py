@@ -43,7 +43,10 @@ def load_model(
 ) -> LlamaLoRAForCausalLM:
     """A model from a Hugging Face folder, or a random one when ``base`` names a shape (tiny-llama-random ...)."""
     if str(base) in NAMED_RANDOM_MODELS:
-        return random_model(NAMED_RANDOM_MODELS[str(base)], seed=seed).to(dtype=dtype, device=device)
+        config = NAMED_RANDOM_MODELS[str(base)]
+        if torch.device(device).type == "cpu":
+            return random_model(config, seed=seed).to(dtype=dtype)
+        return random_model_on(config, device=device, dtype=dtype, seed=seed)
     folder = Path(base)
     if not folder.is_dir():
         raise ServeError(f"--base {base}: neither a model folder nor one of {', '.join(NAMED_RANDOM_MODELS)}")
@@ -83,6 +86,25 @@ def random_model(config: LlamaConfig, seed: int = 0, std: float = 0.02) -> Llama
                 param.fill_(1.0)
             else:
                 param.copy_(torch.randn(param.shape, generator=gen) * std)
+    return model.eval()
+
+
+def random_model_on(
+    config: LlamaConfig, device: str, dtype: torch.dtype = torch.float16, seed: int = 0, std: float = 0.02
+) -> LlamaLoRAForCausalLM:
+    """A random Llama drawn on ``device`` itself: a 7B shape never passes through host memory in fp32.
+
+    The same for a seed on one device kind, not the same numbers as :func:`random_model` on the CPU.
+    """
+    gen = torch.Generator(device=device).manual_seed(seed)
+    with torch.device(device):
+        model = LlamaLoRAForCausalLM(config).to(dtype=dtype)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.fill_(1.0)
+            else:
+                param.normal_(0.0, std, generator=gen)
     return model.eval()
 
 
