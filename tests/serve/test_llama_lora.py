@@ -237,6 +237,31 @@ def test_an_explicit_kernel_backend_gets_every_row_on_cpu(hf_folder, adapters):
     assert "segments" in forms and "rows" in forms
 
 
+def test_triton_step_plan_serves_every_row_in_one_launch_per_projection(hf_folder, adapters, monkeypatch):
+    """With the Triton backend (its CPU interpreter here) the engine plans each step's rows once as tiles and every
+    targeted projection runs one fused kernel over prompts and decodes together; outputs equal the torch path's."""
+    import os
+
+    if os.environ.get("TRITON_INTERPRET") != "1" or torch.cuda.is_available():
+        pytest.skip("needs Triton's interpreter (TRITON_INTERPRET=1 from the start, as conftest sets on CPU)")
+    pytest.importorskip("triton")
+    from gpufleet.serve.ops import get_lora_ops, lora_triton
+
+    folder, _ = hf_folder
+    root, _ = adapters
+    model = load_model(folder)
+    jobs = {"a": ([5, 6, 7, 8, 9], "all-r8"), "b": ([11, 12, 13], "qv-r16"), "c": ([3, 4], None), "d": ([7], "all-r8")}
+    config = EngineConfig(kv_blocks=64, adapter_slots=4, max_prefills_per_step=2)
+    reference = _run(Engine(model, AdapterStore(model.config, root), config), jobs, 4)
+    launches = []
+    real = lora_triton.add_lora_tiles
+    monkeypatch.setattr(lora_triton, "add_lora_tiles", lambda *a, **k: launches.append(a[-1].count) or real(*a, **k))
+    engine = Engine(model, AdapterStore(model.config, root), config)
+    engine.ops = get_lora_ops("triton")
+    assert _run(engine, jobs, 4) == reference
+    assert launches and engine.steps > 2  # mixed prompt + decode steps went through the fused kernel
+
+
 def test_a_model_drawn_on_the_device_has_the_shape_dtype_and_spread_asked():
     """``random_model_on`` (the GPU bench's 7B path) draws on the device: norms 1, others normal(0, std)."""
     from gpufleet.serve.weights import random_model_on

@@ -374,6 +374,43 @@ def test_triton_writes_into_strided_views_interpreted(interpreted):
     assert torch.equal(packed[:, :50], before[:, :50]) and torch.equal(packed[:, 80:], before[:, 80:])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize(("h_in", "h_out", "rank"), [(129, 37, 24), (37, 300, 128), (64, 48, 8)])
+def test_triton_step_tiles_interpreted_match_oracle(interpreted, dtype, h_in, h_out, rank):
+    """The engine's fused path: a step's rows (a prompt run longer than one tile, no-adapter rows, one-row decodes
+    of distinct adapters) planned once as tiles, then one kernel per projection, on padded-rank slots too."""
+    slots = [2] * 20 + [-1] * 3 + [0] + [3] * 17 + [1, -1, 3, 0]
+    ranks = [rank, max(1, rank // 2), rank, 5]
+    x, y, a, b, scales = make_case(len(slots), h_in, h_out, rank, 4, dtype, seed=h_in, ranks=ranks)
+    plan = interpreted.plan_rows(slots, "cpu")
+    out = plan.add(y.clone(), x, a, b, scales)
+    assert out.dtype == dtype
+    assert_close(out, oracle_add_lora(y, x, a, b, scales, torch.tensor(slots), ranks=ranks), dtype)
+    twice = plan.add(out.clone(), x, a, b, scales)  # the plan is reused by every projection of a step
+    assert_close(twice, oracle_add_lora(out, x, a, b, scales, torch.tensor(slots), ranks=ranks), dtype)
+
+
+def test_triton_step_tiles_cut_runs_and_skip_rows_without_adapter(interpreted):
+    from gpufleet.serve.ops import lora_triton
+
+    slots = [4] * 35 + [-1, -1] + [1] + [4]
+    plan = interpreted.plan_rows(slots, "cpu")
+    assert plan.rows == len(slots) and plan.count == 5
+    starts, ends, tile_slots = plan.tiles.tolist()
+    assert list(zip(starts, ends, tile_slots, strict=True)) == [
+        (0, 16, 4),
+        (16, 32, 4),
+        (32, 35, 4),
+        (37, 38, 1),
+        (38, 39, 4),
+    ]
+    assert all(e - s <= lora_triton.TILE_ROWS for s, e in zip(starts, ends, strict=True))
+    assert interpreted.plan_rows([-1, -1, -1], "cpu") is None
+    x, y, a, b, scales = make_case(len(slots), 16, 16, 8, 5, torch.float32)
+    with pytest.raises(ServeError, match="tile plan covers 39 rows"):
+        plan.add(y[:10], x[:10], a, b, scales)
+
+
 # ---------------------------------------------------------------------------------------------------- triton, GPU
 gpu_only = pytest.mark.skipif(not (HAS_CUDA and HAS_TRITON), reason="needs a CUDA GPU and triton")
 
@@ -444,3 +481,15 @@ def test_auto_runs_triton_on_cuda_tensors_and_torch_on_cpu_ones(compiled, monkey
         out = auto.add_lora(y.clone(), x, a, b, scales, idx=idx)
         assert_close(out, oracle_add_lora(*cpu(y, x, a, b, scales, idx)), torch.float32)
     assert used == ["triton", "torch"]
+
+
+@pytest.mark.gpu
+@gpu_only
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize(("h_in", "h_out", "rank"), [(4096, 11008, 16), (2048, 2048, 64), (1000, 129, 24)])
+def test_triton_step_tiles_on_gpu(compiled, dtype, h_in, h_out, rank):
+    slots = [3] * 40 + [-1] * 5 + list(range(8)) + [5] * 7
+    x, y, a, b, scales = make_case(len(slots), h_in, h_out, rank, 8, dtype, seed=rank, device="cuda")
+    plan = compiled.plan_rows(slots, "cuda")
+    out = plan.add(y.clone(), x, a, b, scales)
+    assert_close(out, oracle_add_lora(*cpu(y, x, a, b, scales), torch.tensor(slots)), dtype)

@@ -173,6 +173,8 @@ class AdapterCache:
             for p in PROJECTIONS
         }
         self.scales = torch.ones(slots, dtype=torch.float32, device=device)
+        self._staging: torch.Tensor | None = None  # pinned host buffer for loads onto a GPU (see _copy_in)
+        self._staged: torch.cuda.Event | None = None  # recorded after the last load's copies from it
         self._slot_of: OrderedDict[str, int] = OrderedDict()  # LRU order: least recent first
         self._holders: dict[str, int] = {}
         self._targets: dict[tuple[int, str], int] = {}
@@ -201,8 +203,12 @@ class AdapterCache:
                 raise ServeError(
                     f"adapter {name!r} has rank {adapter.rank}, above this server's --max-rank {self.max_rank}"
                 )
-            slot = self._free.pop() if self._free else self._evict()
-            self._write(slot, adapter)
+            if self._free:
+                slot = self._free.pop()
+                self._write(slot, adapter)
+            else:
+                slot, evicted = self._evict()
+                self._write(slot, adapter, replacing=evicted)
             self._slot_of[name] = slot
             self.loads += 1
         self._holders[name] = self._holders.get(name, 0) + 1
@@ -221,26 +227,67 @@ class AdapterCache:
             self._clear(slot, adapter)
             self._free.append(slot)
 
-    def _evict(self) -> int:
+    def _evict(self) -> tuple[int, LoRAAdapter]:
+        """The slot of the least recently used unheld adapter, and that adapter (its weights are still there)."""
         for name in self._slot_of:
             if self._holders.get(name, 0) == 0:
                 slot = self._slot_of.pop(name)
-                self._clear(slot, self.store.get(name))
                 self.evictions += 1
-                return slot
+                return slot, self.store.get(name)
         raise ServeError("every adapter slot is held by a running request; raise --adapter-slots")
 
-    def _write(self, slot: int, adapter: LoRAAdapter) -> None:
+    def _write(self, slot: int, adapter: LoRAAdapter, replacing: LoRAAdapter | None = None) -> None:
+        """Put ``adapter`` in ``slot``. A slot holds its adapter's weights zero-padded to the slots' rank and zeros
+        for the projections it does not target; an evicted adapter's weights are overwritten rather than cleared
+        first, and only what the new one leaves uncovered is zeroed."""
+        stale: list[torch.Tensor] = []
+        if replacing is not None:
+            for key in replacing.weights:
+                self._targets[key] -= 1
+                if key not in adapter.weights:
+                    stale += [self._a[key][slot], self._b[key][slot]]
+                elif adapter.weights[key][0].shape[1] < self.max_rank:
+                    r = adapter.weights[key][0].shape[1]
+                    stale += [self._a[key][slot, :, r:], self._b[key][slot, r:, :]]
+        if stale:
+            torch._foreach_zero_(stale)
+        pairs = []
         for key, (a, b) in adapter.weights.items():
             r = a.shape[1]
-            self._a[key][slot, :, :r] = a.to(self.dtype)
-            self._b[key][slot, :r, :] = b.to(self.dtype)
+            pairs += [(self._a[key][slot, :, :r], a), (self._b[key][slot, :r, :], b)]
             self._targets[key] = self._targets.get(key, 0) + 1
+        self._copy_in(pairs)
+
+    def _copy_in(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """dst.copy_(src) for each pair (CPU sources, converted to the slots' dtype).
+
+        On a GPU the sources are converted into one pinned staging buffer and copied without waiting: a copy from
+        pageable memory blocks the host, and loading an adapter took 2 x 7 x layers of those (1.7 ms for the
+        2-layer wide model on an H200, a quarter of a decode step, paid once per request under Distinct)."""
+        if torch.device(self.device).type != "cuda":
+            for dst, src in pairs:
+                dst.copy_(src)
+            return
+        total = sum(src.numel() for _, src in pairs)
+        if self._staging is None or self._staging.numel() < total:
+            if self._staged is not None:
+                self._staged.synchronize()
+            self._staging, self._staged = torch.empty(total, dtype=self.dtype, pin_memory=True), None
+        if self._staged is not None:
+            self._staged.synchronize()  # the previous load's copies have finished reading the buffer
+        offset = 0
+        for dst, src in pairs:
+            buffer = self._staging[offset : offset + src.numel()].view(src.shape)
+            buffer.copy_(src)
+            dst.copy_(buffer, non_blocking=True)
+            offset += src.numel()
+        self._staged = torch.cuda.Event()
+        self._staged.record()
 
     def _clear(self, slot: int, adapter: LoRAAdapter) -> None:
+        # one batched launch on a GPU instead of 2 x 7 x layers of them
+        torch._foreach_zero_([s[slot] for key in adapter.weights for s in (self._a[key], self._b[key])])
         for key in adapter.weights:
-            self._a[key][slot].zero_()
-            self._b[key][slot].zero_()
             self._targets[key] -= 1
 
     def stacks(self, layer: int, proj: str) -> tuple[torch.Tensor, torch.Tensor] | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import groupby
 
 import torch
 
@@ -23,6 +24,19 @@ from gpufleet.serve.ops.lora_torch import padded_plan, segment_plan
 from gpufleet.serve.protocol import GenerationChunk, OverloadedError, SamplingParams, UnknownAdapterError
 from gpufleet.serve.sampling import sample_next
 from gpufleet.serve.tokenizer import ByteTokenizer, Tokenizer
+
+
+def _segments(row_slots: list[int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Runs of equal consecutive slots as ``(seg_indptr, seg_lora)`` on ``device``, worked out on the host list
+    (``segments_from_indices`` on a GPU tensor would wait for the device to report how many runs there are)."""
+    indptr, lora = [0], []
+    for slot, run in groupby(row_slots):
+        indptr.append(indptr[-1] + sum(1 for _ in run))
+        lora.append(slot)
+    return (
+        torch.tensor(indptr, dtype=torch.long).to(device),
+        torch.tensor(lora, dtype=torch.long).to(device),
+    )
 
 
 @dataclass(frozen=True)
@@ -276,9 +290,12 @@ class Engine:
         )
         row = torch.tensor(row_slots, dtype=torch.long, device=dev)
         prefill_rows = len(tokens) - len(decodes)
-        seg_indptr, seg_lora = self.ops.segments_from_indices(row[:prefill_rows])
-        plan = prefill_plan = None
-        if self.device.type == "cpu" and self.ops.name != "triton":  # torch kernels: plan the rows once per step
+        any_adapter = any(s >= 0 for s in row_slots)  # from the host list: no read-back from the device
+        seg_indptr, seg_lora = _segments(row_slots[:prefill_rows], dev)
+        plan = prefill_plan = step_plan = None
+        if any_adapter and self.ops.plan_rows is not None:  # Triton: every row's tiles, one launch per projection
+            step_plan = self.ops.plan_rows(row_slots, dev)
+        elif self.device.type == "cpu" and self.ops.name != "triton":  # torch kernels: plan the rows once per step
             if decodes:
                 plan = padded_plan(row[prefill_rows:])
             if prefill_rows:
@@ -290,9 +307,10 @@ class Engine:
             seg_indptr=seg_indptr,
             seg_lora=seg_lora,
             ops=self.ops,
-            any_adapter=bool((row >= 0).any()),
+            any_adapter=any_adapter,
             decode_plan=plan,
             prefill_plan=prefill_plan,
+            step_plan=step_plan,
         )
         return batch, lora
 

@@ -9,6 +9,7 @@ adds ``scale · (x @ A[slot]) @ B[slot]`` through the SGMV / BGMV operators.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -41,6 +42,7 @@ class LoRABatch:
     any_adapter: bool
     decode_plan: object = None  # a per-step padded layout of the decode rows (torch backend on CPU), or None
     prefill_plan: object = None  # the prompt rows' segments as host lists (torch backend on CPU), or None
+    step_plan: object = None  # every row's tiles for a fused kernel (``add(y, x, a, b, scales)``, Triton), or None
 
 
 @dataclass
@@ -90,6 +92,20 @@ class StepBatch:
     decode_rows: int  # the last decode_rows rows are decodes
     decode_groups: list[DecodeGroup]  # the decode rows by context length (context includes the new token)
     logits_rows: torch.Tensor  # rows whose next-token logits are wanted (last of each prompt, every decode)
+
+
+def attention_backends(device: torch.device) -> contextlib.AbstractContextManager:
+    """SDPA kernels for a step on ``device``: on CUDA, flash / memory-efficient / math but not cuDNN.
+
+    cuDNN's attention builds an execution plan for every new shape, about 27 ms each on an H200 (torch 2.11);
+    decode groups change shape every step (rows, context length), so serving spent most of its time planning:
+    the first run of the wide model's Distinct bench went at 669 tokens/s, a second run over the now-cached
+    shapes at 4,943."""
+    if torch.device(device).type != "cuda":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
 class RMSNorm(nn.Module):
@@ -190,6 +206,8 @@ class LlamaLoRAForCausalLM(nn.Module):
         if stacks is None:
             return y
         a, b = stacks
+        if lora.step_plan is not None:  # prompt and decode rows together, one launch planned once per step
+            return lora.step_plan.add(y, x, a, b, lora.scales)
         if prefill_rows and lora.prefill_plan is not None:  # prompt rows, segments planned once per step
             add_lora_segments_planned(y[:prefill_rows], x[:prefill_rows], a, b, lora.prefill_plan)
         elif prefill_rows:  # prompt rows: segments (one adapter per run of rows)
@@ -246,6 +264,22 @@ class LlamaLoRAForCausalLM(nn.Module):
         prefill_rows = n - batch.decode_rows
         x = self.model.embed_tokens(batch.tokens)
         cos, sin = self._rope(batch.positions, x.dtype)
+        with attention_backends(x.device):
+            x = self._layers(x, cos, sin, n, prefill_rows, batch, kv, lora)
+        x = self.model.norm(x[batch.logits_rows])
+        return F.linear(x, self.lm_head.weight).float()
+
+    def _layers(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        n: int,
+        prefill_rows: int,
+        batch: StepBatch,
+        kv: KVCache,
+        lora: LoRABatch | None,
+    ) -> torch.Tensor:
         for i, layer in enumerate(self.model.layers):
             att, mlp = layer.self_attn, layer.mlp
             h = layer.input_layernorm(x)
@@ -259,5 +293,4 @@ class LlamaLoRAForCausalLM(nn.Module):
             gate = self._project(h, i, "gate_proj", mlp.gate_proj, lora, prefill_rows)
             up = self._project(h, i, "up_proj", mlp.up_proj, lora, prefill_rows)
             x = x + self._project(F.silu(gate) * up, i, "down_proj", mlp.down_proj, lora, prefill_rows)
-        x = self.model.norm(x[batch.logits_rows])
-        return F.linear(x, self.lm_head.weight).float()
+        return x

@@ -4,6 +4,9 @@
 ``b_stack [L, r, h_out]``, ``scales [L]`` (alpha/r, fp32) and either one slot per row (BGMV, decode) or contiguous
 segments ``seg_indptr [S+1]`` / ``seg_lora [S]`` (SGMV, prefill); slot -1 means no adapter. Shrink returns fp32
 ``v``; expand adds into ``y`` in place. Triton is imported only when its backend is chosen.
+
+``plan_rows(row_slots, device)`` (Triton only; None for the torch backend) turns one engine step's host list of
+slots into a plan whose ``add(y, x, a, b, scales)`` serves every row of a projection in one fused launch.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import importlib.util
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -35,6 +39,7 @@ class LoraOps:
     add_lora: Callable[..., torch.Tensor]
     segments_from_indices: Callable[..., tuple[torch.Tensor, torch.Tensor]] = segments_from_indices
     group_rows: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = group_rows
+    plan_rows: Callable[..., Any] | None = None
 
 
 def _from_module(name: str, module: object) -> LoraOps:
@@ -45,6 +50,7 @@ def _from_module(name: str, module: object) -> LoraOps:
         sgmv_shrink=module.sgmv_shrink,
         sgmv_expand=module.sgmv_expand,
         add_lora=module.add_lora,
+        plan_rows=getattr(module, "plan_tiles", None),
     )
 
 
@@ -81,8 +87,14 @@ def _by_device(name: str, cpu: LoraOps, cuda: LoraOps) -> LoraOps:
         on_cpu, on_cuda = getattr(cpu, op), getattr(cuda, op)
         return lambda first, *args, **kwargs: (on_cuda if first.is_cuda else on_cpu)(first, *args, **kwargs)
 
+    def plan_rows(row_slots: list[int], device: torch.device) -> Any:
+        planner = cuda.plan_rows if torch.device(device).type == "cuda" else cpu.plan_rows
+        return planner(row_slots, device) if planner is not None else None
+
     return LoraOps(
-        name=name, **{op: pick(op) for op in ("bgmv_shrink", "bgmv_expand", "sgmv_shrink", "sgmv_expand", "add_lora")}
+        name=name,
+        plan_rows=plan_rows,
+        **{op: pick(op) for op in ("bgmv_shrink", "bgmv_expand", "sgmv_shrink", "sgmv_expand", "add_lora")},
     )
 
 
