@@ -103,6 +103,11 @@ class Policy:
         """Whether a running job with ``victim_key`` gives way to a waiting job with ``waiting_key``."""
         return victim_key > waiting_key
 
+    #: whether a running job's bound never grows while it runs, except through ``sim.rekey_running`` (a static
+    #: key, or a remaining time that shrinks): then a job that no waiting job beats when it becomes a possible
+    #: victim gives the scheduler no new room, and the simulator skips the pass it would otherwise run
+    bound_never_grows: ClassVar[bool] = False
+
     # -- placement -------------------------------------------------------------------------------
     def place(self, j: int, p: int, part: PartitionView) -> Allocation | None:
         """GPUs for job ``j`` on partition ``p`` (taken from ``part``), or None to leave it waiting.

@@ -29,6 +29,8 @@ class ShortestRemainingTimeFirst(Policy):
     # time bounds the remaining work, and it is what the heap is ordered by: a slowed job at the top whose work
     # does not qualify must not end the search for one below it whose work does.
     bounded_running_key = True
+    # the remaining time shrinks while a job runs; a slowdown that moves its finish later re-pushes it (change_speed)
+    bound_never_grows = True
 
     def running_bound(self, j: int, now: float) -> float:
         return self.sim.expected_finish[j] - now

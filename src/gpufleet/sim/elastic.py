@@ -327,6 +327,7 @@ class ElasticSimulator(Simulator):
     def _begin(self, j: int, now: float) -> None:
         """Job ``j``'s base demand is placed: it runs from ``now``."""
         self._wver[j] += 1
+        self._dirty.add(self._class_of[j])
         self.state[j] = RUNNING
         self.n_waiting -= 1
         self.waiting_gpus -= self.gpus[j]

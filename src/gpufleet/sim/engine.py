@@ -103,6 +103,8 @@ class Simulator:
         # Only where keys do not drift with time (heap-ranked policies) and the placement decides from the
         # cluster's state alone (no random draws).
         self._skip_futile = not policy.scan_running and policy.placer.deterministic
+        self._bound_never_grows = self._heap_victims and policy.bound_never_grows
+        self._bounded_victims = self._heap_victims and policy.bounded_running_key
         self._pass_churn = -1
         self._new_head = True
         self._scan_cache: tuple | None = None  # the last victim ranking of a scan policy, by (partition, time, churn)
@@ -115,6 +117,11 @@ class Simulator:
         self._waiting: dict[tuple[int, int], list[tuple]] = {}
         self._class_of = [(0, 0)] * n
         self._class_keys: list[tuple[int, int]] = []
+        self._requeued: set[tuple[int, int]] | None = None  # classes jobs were pushed to, while a pass watches
+        # each waiting class's best current entry, kept between passes; a push that tops a class's heap or a job
+        # leaving the queue (a start, a re-rank) marks its class for a fresh look
+        self._head_of: dict[tuple[int, int], tuple] = {}
+        self._dirty: set[tuple[int, int]] = set()
         self._running_heap: list[list[tuple]] = [[] for _ in partitions]
         self._running: list[dict[int, None]] = [{} for _ in partitions]
         self.busy = 0
@@ -206,24 +213,34 @@ class Simulator:
         """Re-rank waiting job ``j`` after its policy state changed (e.g. a Tiresias promotion)."""
         if self.state[j] == WAITING:
             self._wver[j] += 1
+            self._dirty.add(self._class_of[j])
             self._push_waiting(j)
 
     def rekey_running(self, j: int) -> None:
         """Re-rank running job ``j`` among its partition's running jobs (e.g. a Tiresias demotion)."""
         if self.state[j] == RUNNING:
-            self._churn += self.gpus[j]
+            if self.protect_until[j] <= self.now and self._gives_room(j):
+                self._churn += self.gpus[j]
             self._push_running(j)
+
+    def _gives_room(self, j: int) -> bool:
+        """Whether running job ``j``, now a possible victim, could make room for a waiting job.
+
+        Where a running job's bound never grows on its own (``bound_never_grows``), a job that the best waiting
+        job does not beat now gives way to no job waiting now, ever: the room for preemption did not grow, and a
+        pass run for it alone would change nothing (arrivals and re-ranked waiting jobs bring their own pass).
+        """
+        if not self._bound_never_grows:
+            return True
+        if not self.n_waiting:
+            return False
+        pol = self.policy
+        return pol.should_preempt(pol.running_bound(j, self.now), min(self._fresh_heads().values())[0])
 
     def best_waiting_key(self) -> float | None:
         """The key of the best waiting job over all classes, or None when nothing waits."""
-        best = None
-        for ck in self._class_keys:
-            h = self._waiting[ck]
-            while h and h[0][3] != self._wver[h[0][2]]:
-                heapq.heappop(h)
-            if h and (best is None or h[0][0] < best):
-                best = h[0][0]
-        return best
+        head_of = self._fresh_heads()
+        return min(head_of.values())[0] if head_of else None  # entries are (key, seq, ...): least key first
 
     def jobs_on_node(self, p: int, node: int) -> list[int]:
         """The running jobs of partition ``p`` that hold GPUs of node ``node``."""
@@ -251,6 +268,9 @@ class Simulator:
         heapq.heappush(h, (key, self._seq, j, self._wver[j]))
         if h[0][2] == j:
             self._new_head = True
+            self._dirty.add(ck)
+        if self._requeued is not None:
+            self._requeued.add(ck)
 
     def _push_running(self, j: int) -> None:
         self._hver[j] += 1
@@ -275,6 +295,7 @@ class Simulator:
         part = self.parts[p]
         g = self.gpus[j]
         self._wver[j] += 1
+        self._dirty.add(self._class_of[j])
         self.n_waiting -= 1
         self.waiting_gpus -= g
         self.state[j] = RUNNING
@@ -348,6 +369,7 @@ class Simulator:
     def change_speed(self, k: int, now: float, new: float) -> None:
         """Running job ``k`` goes on at speed ``new`` from ``now``: bank its progress, move its completion."""
         base = self.progress_now(k, now)
+        planned = self.expected_finish[k]
         over = self.seg_over[k] - (now - self.pseg_start[k])
         over = over if over > 0.0 else 0.0
         self.pseg_start[k] = now
@@ -364,6 +386,9 @@ class Simulator:
             self._event_at[k] = fin
             heapq.heappush(self._events, (fin, _COMPLETE, self._seq, k, self._ver[k]))
         if self._heap_victims:
+            # a bound that reads the finish time grew: the job may now give way where it did not
+            if self._bounded_victims and fin > planned and self.protect_until[k] <= now and self._gives_room(k):
+                self._churn += self.gpus[k]
             self._push_running(k)
 
     def _preempt(self, j: int, now: float) -> None:
@@ -568,12 +593,22 @@ class Simulator:
             heapq.heappop(h)
         return h[0] if h else None
 
+    def _fresh_heads(self) -> dict[tuple[int, int], tuple]:
+        """Each waiting class's best current entry, looking again only at the classes marked since."""
+        head_of = self._head_of
+        if self._dirty:
+            for ck in self._dirty:
+                e = self._head(ck)
+                if e is None:
+                    head_of.pop(ck, None)
+                else:
+                    head_of[ck] = e
+            self._dirty.clear()
+        return head_of
+
     def _heads(self) -> list[tuple]:
-        heads = []
-        for ck in self._class_keys:
-            e = self._head(ck)
-            if e is not None:
-                heads.append((e, ck))
+        """(best entry, class) of every class with a waiting job, best first."""
+        heads = [(e, ck) for ck, e in self._fresh_heads().items()]
         heads.sort()
         return heads
 
@@ -587,20 +622,21 @@ class Simulator:
         gpus = self.gpus
         heads = self._heads()
         blocked: set[tuple[int, int]] = set()
-        free_now = sum(p.total_free for p in self.parts)
+        parts = self.parts
+        single = len(parts) == 1
+        free_now = parts[0].total_free if single else sum(p.total_free for p in parts)
         fail_g = 1 << 62  # preempting for a job this large already failed in this pass
         # per set of allowed partitions, until the next successful preemption: heads come best first, so a later
         # job's victims (running jobs worse than it) are a subset of an earlier one's, and once preempting for
         # g GPUs fell ``_short`` GPUs short, a later job needing g - _short + 1 or more cannot win either (a pure
         # shortcut: it skips only searches that would fail)
         short_g: dict[tuple[int, ...], int] = {}
-        single = len(self.parts) == 1
         while heads:
             entry, ck = heads.pop(0)
             j = entry[2]
             g = gpus[j]
             if g <= free_now and self._try_place(j):
-                free_now = sum(p.total_free for p in self.parts)
+                free_now = parts[0].total_free if single else sum(p.total_free for p in parts)
                 e = self._head(ck)
                 if e is not None:
                     bisect.insort(heads, (e, ck))
@@ -615,12 +651,24 @@ class Simulator:
             ):
                 if self._heap_victims and not self._any_victim(j):  # the search would find no job to preempt
                     self._short = max(min(g - self.parts[p].total_free for p in allowed), 1)
-                elif self._preempt_for(j):
-                    # victims went back to the queue: rebuild the heads, keeping blocked classes out
-                    free_now = sum(p.total_free for p in self.parts)
-                    heads = [h for h in self._heads() if h[1] not in blocked]
-                    short_g.clear()  # victims worse than this job but better than later ones freed GPUs
-                    continue
+                else:
+                    self._requeued = requeued = {ck}  # j's own class: its head started
+                    try:
+                        won = self._preempt_for(j)
+                    finally:
+                        self._requeued = None
+                    if won:
+                        # victims went back to the queue: refresh the heads of the classes they joined (and
+                        # j's), keeping blocked classes out; no other class's head moved
+                        free_now = parts[0].total_free if single else sum(p.total_free for p in parts)
+                        requeued -= blocked
+                        heads = [h for h in heads if h[1] not in requeued]
+                        for rk in requeued:
+                            e = self._head(rk)
+                            if e is not None:
+                                bisect.insort(heads, (e, rk))
+                        short_g.clear()  # victims worse than this job but better than later ones freed GPUs
+                        continue
                 fail_g = g
                 short_g[allowed] = min(short_g.get(allowed, g), g - self._short + 1)
             if pol.blocking:
@@ -668,6 +716,21 @@ class Simulator:
             if a >= n and not self.n_running and not self.n_waiting:
                 break  # every job is done: stale events and later outages or load changes are ignored
             ta = submit[a] if a < n else _INF
+            if not stepped:
+                # drop events that went stale (a stopped job's completion, timers and protection of an old run, a
+                # replaced wakeup) before choosing the next time: a time with only those changes nothing, and
+                # without per-step features it would cost a whole turn of this loop
+                while events:
+                    _, kind, seq, j, x = events[0]
+                    if kind == _COMPLETE:
+                        if x == ver[j]:
+                            break
+                    elif kind == _TIMER or kind == _UNPROTECT:
+                        if (x[0] if kind == _TIMER else x) == token[j]:
+                            break
+                    elif seq == self._wakeup_seq:
+                        break
+                    heappop(events)
             te = events[0][0] if events else _INF
             t = ta if ta < te else te
             if stepped and (a < n or self.n_running or self.n_waiting):  # rounds while jobs remain
@@ -697,7 +760,8 @@ class Simulator:
                         changed = True
                 elif kind == _UNPROTECT:
                     if x == token[j] and state[j] == RUNNING:
-                        self._churn += self.gpus[j]  # the job became a possible victim
+                        if self._gives_room(j):
+                            self._churn += self.gpus[j]  # the job became a possible victim
                         if self._heap_victims:
                             self._push_running(j)
                         changed = True
