@@ -6,6 +6,7 @@
 #   bash bench/serve_gpu.sh interp    # only the interpreted Triton twins
 #   bash bench/serve_gpu.sh e2e       # only the serve benches (wide, then 7B)
 #   bash bench/serve_gpu.sh bench7b   # serve bench on a Llama-2-7B-shaped random model, fp16
+#   bash bench/serve_gpu.sh profile   # one decode step per LoRA path, timed (bench/serve_step_profile.py)
 # Wheels the image lacks (pydantic, fastapi, ...) may be carried in .whl/; logs go to $OUT (or ./gpu-out).
 set -o pipefail
 out=${OUT:-gpu-out}; mkdir -p "$out"
@@ -27,6 +28,9 @@ case "${1:-all}" in
     ;;&
   tests|all)
     timeout 200 python3 -m pytest -p no:cacheprovider -q -n 8 -m "not gpu" -k "not interpreted" tests/serve 2>&1 | tee "$out/serve_tests.log" | tail -15 ;;&
+  profile|bench|all)
+    timeout 90 python3 bench/serve_step_profile.py --variants "base_only,fused,sgmv+bgmv" --profile "$out/profile.txt" 2>&1 | grep -v -e USDT -e Warn | tee "$out/step.log"
+    ;;&
   bench|all)
     timeout 150 python3 bench/serve_kernels.py --json "$out/kernels.json" 2>&1 | tee "$out/kernels.log" | tail -40
     ;;&
