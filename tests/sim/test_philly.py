@@ -49,3 +49,33 @@ def test_one_vc_runs_alone(philly):
     r = run_policies(jobs, load_cluster(), ["tiresias"])[0]
     assert r.summary["jobs"] == 41_226
     assert r.summary["finished"] == 41_226
+
+
+@pytest.mark.parametrize("policy", ["tiresias", "srtf"])
+def test_dropping_stale_heap_entries_keeps_every_result(philly, policy, monkeypatch):
+    """Cleaning stale entries out of the event and victim heaps (often, at a tiny threshold) changes no job's
+    start or finish against never cleaning them; and the heaps stay near their live size when it runs."""
+    from gpufleet.sim import engine
+
+    window = philly.sort("submit_s").slice(30_000, 4_000)
+    cluster = load_cluster().resized(256)
+    sizes: dict[int, list[int]] = {}
+
+    def run(cap: int) -> tuple[np.ndarray, np.ndarray]:
+        monkeypatch.setattr(engine, "_COMPACT_MIN", cap)
+        seen = sizes.setdefault(cap, [])
+        sched = engine.Simulator._schedule
+
+        def watched(self: engine.Simulator) -> None:
+            seen.append(len(self._events) + sum(len(h) for h in self._running_heap))
+            sched(self)
+
+        monkeypatch.setattr(engine.Simulator, "_schedule", watched)
+        jobs = run_policies(window, cluster, [policy])[0].jobs.sort("job_id")
+        monkeypatch.setattr(engine.Simulator, "_schedule", sched)
+        return jobs["start_s"].to_numpy(), jobs["finish_s"].to_numpy()
+
+    never, often = run(1 << 40), run(8)
+    np.testing.assert_array_equal(never[0], often[0])
+    np.testing.assert_array_equal(never[1], often[1])
+    assert max(sizes[8]) < max(sizes[1 << 40]) / 4  # the clean-ups did run, and kept the heaps small

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 _INF = math.inf
 # event kinds; at equal times completions go first (they free GPUs), then timers, then wakeups
 _COMPLETE, _TIMER, _WAKEUP, _UNPROTECT = 0, 1, 2, 3
+_COMPACT_MIN = 1024  # a heap is cleaned of stale entries only past this size (and twice its live entries)
 
 
 class Simulator:
@@ -98,6 +99,7 @@ class Simulator:
         # heap-ranked preemptive policies keep each partition's possible victims on a heap (scan policies rank
         # them afresh, non-preemptive ones need none)
         self._heap_victims = policy.preemptive and not policy.scan_running
+        self._scan_victims = policy.preemptive and policy.scan_running
         # A pass that started nothing changes nothing, so the next one can only differ if GPUs were freed or
         # a job became a possible victim (churn) or a better job heads a queue: without either it is skipped.
         # Only where keys do not drift with time (heap-ranked policies) and the placement decides from the
@@ -123,6 +125,9 @@ class Simulator:
         self._head_of: dict[tuple[int, int], tuple] = {}
         self._dirty: set[tuple[int, int]] = set()
         self._running_heap: list[list[tuple]] = [[] for _ in partitions]
+        # heap sizes past which stale entries are dropped (twice the live entries at the last clean-up)
+        self._running_cap = [_COMPACT_MIN] * len(partitions)
+        self._events_cap = _COMPACT_MIN
         self._running: list[dict[int, None]] = [{} for _ in partitions]
         self.busy = 0
         self.n_waiting = 0
@@ -277,10 +282,45 @@ class Simulator:
         if self.protect_until[j] > self.now:
             return  # not a possible victim yet: its _UNPROTECT event pushes it (keeps victim searches short)
         self._seq += 1
-        heapq.heappush(
-            self._running_heap[self.part_of[j]],
-            (-self.policy.running_order_key(j, self.now), self._seq, j, self._hver[j]),
-        )
+        p = self.part_of[j]
+        h = self._running_heap[p]
+        heapq.heappush(h, (-self.policy.running_order_key(j, self.now), self._seq, j, self._hver[j]))
+        if len(h) > self._running_cap[p]:
+            self._compact_running(p)
+
+    def _compact_running(self, p: int) -> None:
+        """Drop the entries of jobs that stopped or were re-ranked from partition ``p``'s victim heap.
+
+        Stale entries leave a heap only when they reach its top, and on Philly most never do: without this the
+        heap holds about 200 entries per running job. Dropping them keeps the order of the live ones.
+        """
+        hver = self._hver
+        h = self._running_heap[p]
+        h[:] = [e for e in h if e[3] == hver[e[2]]]
+        heapq.heapify(h)
+        self._running_cap[p] = max(2 * len(h), _COMPACT_MIN)
+
+    def _compact_events(self) -> None:
+        """Drop events that went stale (see :meth:`_loop`) from the event heap; live ones keep their order."""
+        ver, token, wake = self._ver, self.token, self._wakeup_seq
+        live = []
+        for e in self._events:
+            kind, j, x = e[1], e[3], e[4]
+            if kind == _COMPLETE:
+                if x != ver[j]:
+                    continue
+            elif kind == _TIMER:
+                if x[0] != token[j]:
+                    continue
+            elif kind == _UNPROTECT:
+                if x != token[j]:
+                    continue
+            elif e[2] != wake:
+                continue
+            live.append(e)
+        heapq.heapify(live)
+        self._events[:] = live
+        self._events_cap = max(2 * len(live), _COMPACT_MIN)
 
     # ------------------------------------------------------------------ transitions
     def _arrive(self, j: int) -> None:
@@ -294,6 +334,7 @@ class Simulator:
     def _start(self, j: int, p: int, alloc: Allocation, now: float) -> None:
         part = self.parts[p]
         g = self.gpus[j]
+        cfg = self.config
         self._wver[j] += 1
         self._dirty.add(self._class_of[j])
         self.n_waiting -= 1
@@ -301,11 +342,11 @@ class Simulator:
         self.state[j] = RUNNING
         self.alloc[j] = alloc
         self.part_of[j] = p
-        speed = 1.0 if len(alloc) <= part.ideal_nodes(g) else 1.0 - self.config.placement_penalty
+        speed = 1.0 if len(alloc) <= -(-g // part.gpus_per_node) else 1.0 - cfg.placement_penalty  # ideal_nodes
         for hook in self._speed_hooks:
             speed = hook(j, p, alloc, speed)
         resumed = self.restarts[j]
-        over = self.config.restart_s if resumed else 0.0
+        over = cfg.restart_s if resumed else 0.0
         if self._penalty:
             over += self._penalty.pop(j, 0.0)
         self.seg_start[j] = now
@@ -315,30 +356,36 @@ class Simulator:
         self.seg_speed[j] = speed
         if self.first_start[j] != self.first_start[j]:  # NaN: first start
             self.first_start[j] = now
-        fin = now + over + self.remaining[j] / speed
+        remaining = self.remaining[j]
+        fin = now + over + remaining / speed
         self.expected_finish[j] = fin
-        self._ver[j] += 1
-        self._seq += 1
+        ver = self._ver[j] + 1
+        self._ver[j] = ver
+        seq = self._seq + 1
         self._event_at[j] = fin
-        heapq.heappush(self._events, (fin, _COMPLETE, self._seq, j, self._ver[j]))
-        if resumed and self.policy.preemptive:
-            ci = self.config.checkpoint_interval_s
-            done = self.duration[j] - self.remaining[j]
+        events = self._events
+        heapq.heappush(events, (fin, _COMPLETE, seq, j, ver))
+        token = self.token[j]
+        if resumed and self._heap_victims | self._scan_victims:  # a preemptive policy
+            ci = cfg.checkpoint_interval_s
+            done = self.duration[j] - remaining
             need = (math.floor(done / ci) * ci + ci - done) if ci > 0 else over
-            until = min(fin, now + over + need / speed)
+            until = now + over + need / speed
+            until = fin if fin < until else until
             self.protect_until[j] = until
             if until > now:
-                self._seq += 1
+                seq += 1
                 # versioned by the start token: a speed change (new completion version) must not drop it;
                 # armed even at the completion time, since a slowdown can move the completion later
-                heapq.heappush(self._events, (until, _UNPROTECT, self._seq, j, self.token[j] + 1))
+                heapq.heappush(events, (until, _UNPROTECT, seq, j, token + 1))
+        self._seq = seq
         self._running[p][j] = None
         if self._heap_victims:
             self._push_running(j)
         self.busy += g
         self._churn += g
         self.n_running += 1
-        self.token[j] += 1
+        self.token[j] = token + 1
         self.policy.on_start(j, now)
 
     def _stop_segment(self, j: int, now: float) -> float:
@@ -650,7 +697,8 @@ class Simulator:
                 and not (g <= free_now and pol.placer.waited)
             ):
                 if self._heap_victims and not self._any_victim(j):  # the search would find no job to preempt
-                    self._short = max(min(g - self.parts[p].total_free for p in allowed), 1)
+                    short = g - free_now if single else min(g - parts[p].total_free for p in allowed)
+                    self._short = short if short > 1 else 1
                 else:
                     self._requeued = requeued = {ck}  # j's own class: its head started
                     try:
@@ -710,6 +758,10 @@ class Simulator:
         pass_hooks = self._pass_hooks
         stepped = self._stepped
         t_out = min((f.next_time() for f in timed), default=_INF)  # next external event (outages, load)
+        record = self._record
+        tl_t, tl_busy, tl_queued, tl_running = self._tl_t, self._tl_busy, self._tl_queued, self._tl_running
+        if type(self)._record is not Simulator._record:
+            tl_t = None  # a subclass records its own timeline
         while True:
             while a < n and state[a] == UNSCHEDULABLE:
                 a += 1
@@ -725,12 +777,17 @@ class Simulator:
                     if kind == _COMPLETE:
                         if x == ver[j]:
                             break
-                    elif kind == _TIMER or kind == _UNPROTECT:
-                        if (x[0] if kind == _TIMER else x) == token[j]:
+                    elif kind == _TIMER:
+                        if x[0] == token[j]:
+                            break
+                    elif kind == _UNPROTECT:
+                        if x == token[j]:
                             break
                     elif seq == self._wakeup_seq:
                         break
                     heappop(events)
+            if len(events) > self._events_cap:
+                self._compact_events()
             te = events[0][0] if events else _INF
             t = ta if ta < te else te
             if stepped and (a < n or self.n_running or self.n_waiting):  # rounds while jobs remain
@@ -799,7 +856,17 @@ class Simulator:
                 continue
             for f in stepped:
                 f.end_step(t)
-            self._record(t)
+            if tl_t is None:
+                record(t)
+            elif tl_t and tl_t[-1] == t:  # _record, inlined: one row per time
+                tl_busy[-1] = self.busy
+                tl_queued[-1] = self.n_waiting
+                tl_running[-1] = self.n_running
+            else:
+                tl_t.append(t)
+                tl_busy.append(self.busy)
+                tl_queued.append(self.n_waiting)
+                tl_running.append(self.n_running)
             if debug:
                 self.check_invariants()
             if progress is not None and count >= progress.next_update:
