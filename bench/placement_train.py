@@ -34,6 +34,7 @@ from gpufleet.sched.placement.rl import RLPlacement
 from gpufleet.sched.placement.rl_fit import checkpoints, fit_placement
 from gpufleet.sched.placement.rl_gym import make_placement_env
 from gpufleet.sched.policy import make_policy
+from gpufleet.sched.rl_features import WAIT
 from gpufleet.sim.config import SimConfig
 from gpufleet.sim.engine import Simulator
 from gpufleet.sim.mixes import generate_mix
@@ -108,9 +109,16 @@ class Episodes:
 
 
 def train(args: argparse.Namespace) -> None:
-    env = make_placement_env(Episodes({"margin": args.margin}), seed=args.seed)
+    env = make_placement_env(Episodes({"margin": args.margin}), seed=args.seed, tail_weight=args.tail)
+    bias = {WAIT: args.wait_bias} if args.wait_bias else None
     summary = fit_placement(
-        env, args.out, steps=args.steps, seed=args.seed, checkpoint_every=args.checkpoint_every, progress=True
+        env,
+        args.out,
+        steps=args.steps,
+        seed=args.seed,
+        checkpoint_every=args.checkpoint_every,
+        progress=True,
+        action_bias=bias,
     )
     print(json.dumps(summary, indent=1))
 
@@ -171,9 +179,9 @@ def select(args: argparse.Namespace) -> None:
     ckpts = [p for n, p in checkpoints(out.with_name(out.stem + ".ckpt")) if n >= args.from_step]
     if out.is_file():
         ckpts.append(out)
-    variants: dict[str, dict] = {"rule": {}}
+    variants: dict[str, dict] = {"rule": {}, **(json.loads(args.rules) if args.rules else {})}
     extra = json.loads(args.opts) if args.opts else {}
-    for p in ckpts:
+    for p in ckpts if not args.rules_only else []:
         variants[p.stem] = {"model": str(p), "wait_rule": 0.0, **extra}
     frame = validate(variants, args.orders.split(","), Path(args.cache))
     if args.json:
@@ -189,12 +197,16 @@ def main() -> None:
     t.add_argument("--steps", type=int, default=150_000)
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--margin", type=float, default=0.0)
+    t.add_argument("--tail", type=float, default=0.0, help="weight of the episode's p99 JCT (hours) in the reward")
+    t.add_argument("--wait-bias", type=float, default=0.0, help="initial logit added to waiting (start near the rule)")
     t.add_argument("--checkpoint-every", type=int, default=10_240)
     s = sub.add_parser("select")
     s.add_argument("--out", required=True)
     s.add_argument("--from-step", type=int, default=0)
     s.add_argument("--orders", default=",".join(ORDERS))
     s.add_argument("--opts", help="JSON of extra rl options for every checkpoint (e.g. a tail guard)")
+    s.add_argument("--rules", help='JSON {name: rl options} of rule variants to judge beside "rule" (the default)')
+    s.add_argument("--rules-only", action="store_true", help="judge no checkpoint, only the rule variants")
     s.add_argument("--cache", default="/tmp/placement_val_consolidate.json")
     s.add_argument("--json")
     args = ap.parse_args()

@@ -164,3 +164,19 @@ def test_training_writes_checkpoints_and_resumes(tmp_path) -> None:
     from gpufleet.sched.rl_model import read_actor
 
     assert read_actor(out).n_obs == ARRIVAL_OBS_SIZE
+
+
+def test_an_action_bias_starts_the_policy_near_a_rule(tmp_path) -> None:
+    """A fresh run with a bias on waiting starts out waiting whenever it may (the rule), then learns from there."""
+    from gpufleet.sched.placement.rl_fit import fit_placement
+    from gpufleet.sched.placement.rl_gym import make_placement_env
+    from gpufleet.sched.rl_model import read_actor
+
+    small = {"n_steps": 64, "batch_size": 64, "n_epochs": 1, "learning_rate": 1e-6}
+    probs = {}
+    for bias in (0.0, 6.0):
+        out = tmp_path / f"b{bias}.zip"
+        env = make_placement_env(_build(), seed=0)
+        fit_placement(env, out, steps=64, progress=False, settings=small, action_bias={WAIT: bias})
+        probs[bias] = read_actor(out).probs(np.zeros(ARRIVAL_OBS_SIZE, dtype=np.float32))[WAIT]
+    assert probs[0.0] < 0.5 < 0.9 < probs[6.0]

@@ -87,11 +87,15 @@ def test_guarded_mask_keeps_consolidate_and_only_cheaper_candidates() -> None:
 def test_a_policy_that_asks_for_what_the_guard_refuses_gets_consolidate() -> None:
     """A decider that always asks to wait, with waiting ruled out, falls back to consolidate's plan every time."""
     base, _ = _run("srtf")
-    ruled, pol = _run("srtf+rl", {"wait_below": 0.0}, decider=lambda obs, mask: WAIT)
+    ruled, pol = _run("srtf+rl", {"wait_below": 0.0, "margin": 0.0}, decider=lambda obs, mask: WAIT)
     assert pol.placer.waits == 0 and pol.placer.fallbacks == pol.placer.decisions > 0
     assert ruled.summary["finished"] == base.summary["finished"] == 60
     assert ruled.summary["avg_jct_s"] == pytest.approx(base.summary["avg_jct_s"], rel=1e-9)
     assert ruled.jobs["finish_s"].to_list() == base.jobs["finish_s"].to_list()
+    # the default margin (-1) allows consolidate's plan only: with no wait either, no one is ever asked
+    plain, pol = _run("srtf+rl", {"wait_below": 0.0}, decider=lambda obs, mask: WAIT)
+    assert pol.placer.decisions == 0
+    assert plain.jobs["finish_s"].to_list() == base.jobs["finish_s"].to_list()
 
 
 def test_the_wait_rule_waits_only_when_even_the_best_slot_is_slow() -> None:

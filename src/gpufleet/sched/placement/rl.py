@@ -94,23 +94,26 @@ class RLPlacement(CandidatePlacement):
     #: most likely action, which waits more (upstream's RL also samples by default: its argmax can livelock)
     #: ``guard`` > 0 (the default): the policy chooses only among consolidate's plan and the candidates whose
     #: predicted cost (GPU-throughput lost, as the heuristic counts it) is at most consolidate's plus ``margin`` x the
-    #: job's GPUs; it may wait only while even the best of those would run below ``wait_below`` of full speed, enough
-    #: GPUs for it are expected to free up within ``outlook`` x its remaining time (0: any time) and it has not yet
-    #: waited ``max_wait`` x its remaining time (0: no limit); with ``wait_rule`` > 0 it then waits, otherwise the
-    #: model decides. Anything else falls back to consolidate. ``guard`` 0: the unguarded policy of the ``rl``
-    #: alias (the t = 0 mixes it was trained and judged on). ``arrivals``: 1 observes the arrival features
+    #: job's GPUs (default -1: none is, so consolidate's plan it is; chosen on validation traces, docs/contention.md).
+    #: It may wait only while even the best of those would run below ``wait_below`` of full speed, enough GPUs for it
+    #: are expected to free up within ``outlook`` x its remaining time (0: any time), it has waited in the queue less
+    #: than ``max_wait`` x its remaining time (0: no limit) and, with ``resume_wait`` 0, it has never run; with
+    #: ``wait_rule`` > 0 it then waits, otherwise the model decides. Anything else falls back to consolidate. A
+    #: guarded decision with one node set allowed and no wait asks no one. ``guard`` 0: the unguarded policy of the
+    #: ``rl`` alias (the t = 0 mixes it was trained and judged on). ``arrivals``: 1 observes the arrival features
     #: (:func:`gpufleet.sched.rl_features.arrival_features`), 0 not, -1 (default) as wide as the model reads (a
-    #: decider gets the old observation). A guarded decision with one allowed slot and no wait asks no one.
-    #: ``model`` empty: the guarded policy loads :func:`guarded_model_path`, the unguarded one the t = 0 model.
+    #: decider gets the old observation). ``model`` empty: the guarded policy loads :func:`guarded_model_path`, the
+    #: unguarded one the t = 0 model.
     options: ClassVar[dict[str, float | str]] = {
         "arrivals": -1.0,
         "model": "",
         "sample": 1.0,
         "guard": 1.0,
-        "margin": 0.0,
+        "margin": -1.0,
         "wait_below": 0.95,
         "wait_rule": 1.0,
         "max_wait": 0.0,
+        "resume_wait": 1.0,
         "outlook": 1.0,
     }
 
@@ -182,6 +185,8 @@ class RLPlacement(CandidatePlacement):
         outlook = float(self.opts["outlook"])
         if wait_ok and outlook > 0:
             wait_ok = float(obs[SOON]) * 4.0 <= outlook
+        if wait_ok and float(self.opts["resume_wait"]) <= 0:  # a preempted job resumes at once
+            wait_ok = self.sim.remaining[j] >= self.sim.duration[j]
         limit = float(self.opts["max_wait"])
         if wait_ok and limit > 0:  # the time it has waited in the queue so far, against its remaining time
             sim = self.sim

@@ -51,11 +51,14 @@ def fit_placement(
     resume: bool = True,
     progress: bool = True,
     settings: dict[str, Any] | None = None,
+    action_bias: dict[int, float] | None = None,
 ) -> dict[str, Any]:
     """Train masked PPO on ``env`` for ``steps`` decisions in total and save the model to ``out`` (.zip).
 
     Checkpoints go to ``<out>.ckpt/`` every ``checkpoint_every`` steps; with ``resume`` the newest is loaded and
-    training continues to ``steps``. Returns a summary (steps, episodes, seconds, mean return of the last 20)."""
+    training continues to ``steps``. ``action_bias`` adds to the initial logits of those actions (a fresh run only):
+    a policy can start near a rule (e.g. waiting whenever allowed) and learn where to leave it. Returns a summary
+    (steps, episodes, seconds, mean return of the last 20)."""
     require_rl()
     import torch
     from sb3_contrib import MaskablePPO
@@ -78,6 +81,10 @@ def fit_placement(
         model.set_parameters(str(path), exact_match=True, device="cpu")
         model.num_timesteps = done_steps
         model.set_random_seed(seed + done_steps)
+    elif action_bias:
+        with torch.no_grad():
+            for action, value in action_bias.items():
+                model.policy.action_net.bias[int(action)] += float(value)
     returns: list[float] = []
 
     class Progress(BaseCallback):

@@ -7,7 +7,8 @@ runs in a worker thread; each time the placement asks, the observation comes her
 
 Reward between two decisions: minus the job-time spent in the system in that interval (every arrived, unfinished
 job), in hours per job of the episode, so that an episode's return is minus its average JCT in hours (queueing
-included); train it undiscounted.
+included); train it undiscounted. With ``tail_weight`` the episode's last step also takes off that weight times
+its p99 JCT in hours (the average alone lets a policy trade the longest jobs' completion for everyone else's).
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ class _Abort(Exception):
     """Raised inside the simulator thread to end an episode early."""
 
 
-def make_placement_env(build: EpisodeBuilder, *, seed: int = 0, obs_size: int = ARRIVAL_OBS_SIZE) -> Any:
+def make_placement_env(
+    build: EpisodeBuilder, *, seed: int = 0, obs_size: int = ARRIVAL_OBS_SIZE, tail_weight: float = 0.0
+) -> Any:
     """A ``PlacementEnv`` over the episodes ``build`` draws (gymnasium is imported only here)."""
     require_rl()
     import gymnasium as gym
@@ -96,7 +99,10 @@ def make_placement_env(build: EpisodeBuilder, *, seed: int = 0, obs_size: int = 
                 self.last_summary = dict(getattr(a, "summary", {}) or {})
                 finish = np.asarray(self.sim.finish, dtype=np.float64)
                 end = float(np.nanmax(finish)) if finish.size and not np.isnan(finish).all() else 0.0
-                return np.zeros(obs_size, dtype=np.float32), self._reward(end), True, {"summary": self.last_summary}
+                r = self._reward(end)
+                if tail_weight > 0 and finish.size:
+                    r -= tail_weight * float(np.nanpercentile(finish - self._submit, 99)) / 3600.0
+                return np.zeros(obs_size, dtype=np.float32), r, True, {"summary": self.last_summary}
             self._mask = b
             return a, self._reward(float(self.sim.now)), False, {"action_mask": b}
 
