@@ -100,17 +100,17 @@ def solve_mckp(
     max_items = max(v.size for v in vals)
     choice = np.zeros((n, cap + 1), dtype=np.int16 if max_items <= np.iinfo(np.int16).max else np.int32)
     cols = np.arange(cap + 1)
-    best = np.zeros(cap + 1)  # g_n: no classes left, value 0 at every capacity
+    # [-inf x (cap + 1) | g]: reading g at c - w lands on -inf where the item does not fit (c < w)
+    padded = np.full(2 * cap + 2, -np.inf)
+    best = padded[cap + 1 :]
+    best[:] = 0.0  # g_n: no classes left, value 0 at every capacity
     for i in range(n - 1, -1, -1):
         v, w = vals[i], wts[i]
-        # cand[k, c] = v[k] + best[c - w[k]], -inf where the item does not fit; built by slicing, no gather
-        cand = np.full((v.size, cap + 1), -np.inf)
-        for k in range(v.size):
-            wk = int(w[k])
-            if wk <= cap:
-                cand[k, wk:] = best[: cap + 1 - wk] + v[k]
+        # cand[k, c] = v[k] + best[c - w[k]] in one gather for all items (items heavier than cap never fit)
+        cand = padded[cols + (cap + 1) - np.minimum(w, cap + 1)[:, None]]
+        cand += v[:, None]
         first = np.argmax(cand, axis=0)  # argmax returns the first maximum: the smallest item index on ties
-        best = cand[first, cols]
+        best[:] = cand[first, cols]
         choice[i] = first
     picked: list[int] = []
     c = cap
