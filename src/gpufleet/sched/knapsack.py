@@ -100,16 +100,18 @@ def solve_mckp(
     max_items = max(v.size for v in vals)
     choice = np.zeros((n, cap + 1), dtype=np.int16 if max_items <= np.iinfo(np.int16).max else np.int32)
     cols = np.arange(cap + 1)
-    # [-inf x (cap + 1) | g]: reading g at c - w lands on -inf where the item does not fit (c < w)
+    # [-inf x (cap + 1) | g]: reading g at c - w lands on -inf where the item does not fit (c < w); weights past
+    # the capacity never fit and are read as cap + 1 (the choice table's reconstruction keeps the real ones)
     padded = np.full(2 * cap + 2, -np.inf)
     best = padded[cap + 1 :]
     best[:] = 0.0  # g_n: no classes left, value 0 at every capacity
+    shift = cols + (cap + 1)
+    dp_wts = wts if int(np.concatenate(wts).max()) <= cap + 1 else [np.minimum(w, cap + 1) for w in wts]
     for i in range(n - 1, -1, -1):
-        v, w = vals[i], wts[i]
-        # cand[k, c] = v[k] + best[c - w[k]] in one gather for all items (items heavier than cap never fit)
-        cand = padded[cols + (cap + 1) - np.minimum(w, cap + 1)[:, None]]
-        cand += v[:, None]
-        first = np.argmax(cand, axis=0)  # argmax returns the first maximum: the smallest item index on ties
+        # cand[k, c] = v[k] + best[c - w[k]] in one gather for all items
+        cand = padded[shift - dp_wts[i][:, None]]
+        cand += vals[i][:, None]
+        first = cand.argmax(axis=0)  # argmax returns the first maximum: the smallest item index on ties
         best[:] = cand[first, cols]
         choice[i] = first
     picked: list[int] = []
