@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from gpufleet.sched.placement.consolidate import Consolidate
 from gpufleet.sched.policy import Policy
 from gpufleet.sim.config import SimConfig
 from gpufleet.sim.features.base import Feature, overrides
@@ -105,8 +106,11 @@ class Simulator:
         # Only where keys do not drift with time (heap-ranked policies) and the placement decides from the
         # cluster's state alone (no random draws).
         self._skip_futile = not policy.scan_running and policy.placer.deterministic
+        # the default placement is the partition's own allocator: call it without the two layers between
+        self._direct_alloc = type(policy.placer) is Consolidate and type(policy).place is Policy.place
         self._bound_never_grows = self._heap_victims and policy.bound_never_grows
         self._bounded_victims = self._heap_victims and policy.bounded_running_key
+        self._static_victims = self._heap_victims and policy.static_running_key and not policy.bounded_running_key
         self._pass_churn = -1
         self._new_head = True
         self._scan_cache: tuple | None = None  # the last victim ranking of a scan policy, by (partition, time, churn)
@@ -498,6 +502,15 @@ class Simulator:
 
     # ------------------------------------------------------------------ scheduling pass
     def _try_place(self, j: int) -> bool:
+        if self._direct_alloc:
+            cfg = self.config
+            g = self.gpus[j]
+            for p in self._allowed[j]:
+                alloc = self.parts[p].allocate(g, cfg.placement, cfg.strict_placement)
+                if alloc is not None:
+                    self._start(j, p, alloc, self.now)
+                    return True
+            return False
         place = self.policy.place
         for p in self._allowed[j]:
             alloc = place(j, p, self.parts[p])
@@ -597,11 +610,32 @@ class Simulator:
             chosen: list[tuple[int, Any]] = []
             freed = 0
             gen = self._victims_scan(p, wkey, now) if scan else self._victims_heap(p, wkey, now)
-            for v, entry in gen:
-                chosen.append((v, entry))
-                freed += self.gpus[v]
-                if part.total_free + freed >= g:
-                    break
+            if self._static_victims:
+                # _victims_heap's walk for a key that is the heap's own (tiresias), without a generator: the
+                # generator above starts from the heap's top when asked, i.e. where this walk stopped
+                h = self._running_heap[p]
+                hver = self._hver
+                gpus = self.gpus
+                should = self.policy.should_preempt
+                while h:
+                    entry = h[0]
+                    v = entry[2]
+                    if entry[3] != hver[v]:
+                        heapq.heappop(h)
+                        continue
+                    if not should(-entry[0], wkey):
+                        break
+                    heapq.heappop(h)
+                    chosen.append((v, entry))
+                    freed += gpus[v]
+                    if part.total_free + freed >= g:
+                        break
+            else:
+                for v, entry in gen:
+                    chosen.append((v, entry))
+                    freed += self.gpus[v]
+                    if part.total_free + freed >= g:
+                        break
             if part.total_free + freed < g:
                 gen.close()  # jobs a bounded search passed over go back on the heap
                 deficit = min(deficit, g - part.total_free - freed)
@@ -614,7 +648,11 @@ class Simulator:
             placer = self.policy.placer
             placer.may_wait = False  # jobs were preempted for this one: its placement must not hold it back
             try:
-                alloc = self.policy.place(j, p, part)
+                alloc = (
+                    part.allocate(g, cfg.placement, cfg.strict_placement)
+                    if self._direct_alloc
+                    else self.policy.place(j, p, part)
+                )
                 while alloc is None and cfg.strict_placement:  # free more until a compact placement exists
                     extra = next(gen, None)
                     if extra is None:
