@@ -40,6 +40,19 @@ _COMPLETE, _TIMER, _WAKEUP, _UNPROTECT = 0, 1, 2, 3
 _COMPACT_MIN = 1024  # a heap is cleaned of stale entries only past this size (and twice its live entries)
 
 
+def _event_live(event: tuple, ver: list[int], token: list[int], wakeup_seq: int) -> bool:
+    """Whether an event can still change anything: a completion of the job's current run, a timer or
+    protection end armed by its current start, or the latest wakeup. A stale one stays stale (versions only grow)."""
+    _, kind, seq, j, x = event
+    if kind == _COMPLETE:
+        return x == ver[j]
+    if kind == _TIMER:
+        return x[0] == token[j]
+    if kind == _UNPROTECT:
+        return x == token[j]
+    return seq == wakeup_seq
+
+
 class Simulator:
     """One run of one policy over one workload on one cluster; call :meth:`run` once."""
 
@@ -100,14 +113,14 @@ class Simulator:
         # heap-ranked preemptive policies keep each partition's possible victims on a heap (scan policies rank
         # them afresh, non-preemptive ones need none)
         self._heap_victims = policy.preemptive and not policy.scan_running
-        self._scan_victims = policy.preemptive and policy.scan_running
         # A pass that started nothing changes nothing, so the next one can only differ if GPUs were freed or
         # a job became a possible victim (churn) or a better job heads a queue: without either it is skipped.
         # Only where keys do not drift with time (heap-ranked policies) and the placement decides from the
         # cluster's state alone (no random draws).
         self._skip_futile = not policy.scan_running and policy.placer.deterministic
         # the default placement is the partition's own allocator: call it without the two layers between
-        self._direct_alloc = type(policy.placer) is Consolidate and type(policy).place is Policy.place
+        direct = type(policy.placer) is Consolidate and type(policy).place is Policy.place
+        self._place = self._allocate if direct else policy.place
         self._bound_never_grows = self._heap_victims and policy.bound_never_grows
         self._bounded_victims = self._heap_victims and policy.bounded_running_key
         self._static_victims = self._heap_victims and policy.static_running_key and not policy.bounded_running_key
@@ -241,10 +254,9 @@ class Simulator:
         """
         if not self._bound_never_grows:
             return True
-        if not self.n_waiting:
-            return False
+        best = self.best_waiting_key()
         pol = self.policy
-        return pol.should_preempt(pol.running_bound(j, self.now), min(self._fresh_heads().values())[0])
+        return best is not None and pol.should_preempt(pol.running_bound(j, self.now), best)
 
     def best_waiting_key(self) -> float | None:
         """The key of the best waiting job over all classes, or None when nothing waits."""
@@ -305,23 +317,9 @@ class Simulator:
         self._running_cap[p] = max(2 * len(h), _COMPACT_MIN)
 
     def _compact_events(self) -> None:
-        """Drop events that went stale (see :meth:`_loop`) from the event heap; live ones keep their order."""
+        """Drop events that went stale from the event heap; live ones keep their order."""
         ver, token, wake = self._ver, self.token, self._wakeup_seq
-        live = []
-        for e in self._events:
-            kind, j, x = e[1], e[3], e[4]
-            if kind == _COMPLETE:
-                if x != ver[j]:
-                    continue
-            elif kind == _TIMER:
-                if x[0] != token[j]:
-                    continue
-            elif kind == _UNPROTECT:
-                if x != token[j]:
-                    continue
-            elif e[2] != wake:
-                continue
-            live.append(e)
+        live = [e for e in self._events if _event_live(e, ver, token, wake)]
         heapq.heapify(live)
         self._events[:] = live
         self._events_cap = max(2 * len(live), _COMPACT_MIN)
@@ -346,7 +344,7 @@ class Simulator:
         self.state[j] = RUNNING
         self.alloc[j] = alloc
         self.part_of[j] = p
-        speed = 1.0 if len(alloc) <= -(-g // part.gpus_per_node) else 1.0 - cfg.placement_penalty  # ideal_nodes
+        speed = 1.0 if len(alloc) <= part.ideal_nodes(g) else 1.0 - cfg.placement_penalty
         for hook in self._speed_hooks:
             speed = hook(j, p, alloc, speed)
         resumed = self.restarts[j]
@@ -370,7 +368,7 @@ class Simulator:
         events = self._events
         heapq.heappush(events, (fin, _COMPLETE, seq, j, ver))
         token = self.token[j]
-        if resumed and self._heap_victims | self._scan_victims:  # a preemptive policy
+        if resumed and self.policy.preemptive:
             ci = cfg.checkpoint_interval_s
             done = self.duration[j] - remaining
             need = (math.floor(done / ci) * ci + ci - done) if ci > 0 else over
@@ -501,17 +499,13 @@ class Simulator:
         self.finish[j] = now
 
     # ------------------------------------------------------------------ scheduling pass
+    def _allocate(self, j: int, p: int, part: Partition) -> Allocation | None:
+        """What ``consolidate`` places: the run's allocation setting on the partition (``Consolidate.place``)."""
+        cfg = self.config
+        return part.allocate(self.gpus[j], cfg.placement, cfg.strict_placement)
+
     def _try_place(self, j: int) -> bool:
-        if self._direct_alloc:
-            cfg = self.config
-            g = self.gpus[j]
-            for p in self._allowed[j]:
-                alloc = self.parts[p].allocate(g, cfg.placement, cfg.strict_placement)
-                if alloc is not None:
-                    self._start(j, p, alloc, self.now)
-                    return True
-            return False
-        place = self.policy.place
+        place = self._place
         for p in self._allowed[j]:
             alloc = place(j, p, self.parts[p])
             if alloc is not None:
@@ -558,7 +552,7 @@ class Simulator:
         pol = self.policy
         wkey = self._wkey[j]
         hver = self._hver
-        plain = pol.static_running_key and not pol.bounded_running_key
+        plain = self._static_victims
         for p in self._allowed[j]:
             h = self._running_heap[p]
             while h and h[0][3] != hver[h[0][2]]:
@@ -610,32 +604,11 @@ class Simulator:
             chosen: list[tuple[int, Any]] = []
             freed = 0
             gen = self._victims_scan(p, wkey, now) if scan else self._victims_heap(p, wkey, now)
-            if self._static_victims:
-                # _victims_heap's walk for a key that is the heap's own (tiresias), without a generator: the
-                # generator above starts from the heap's top when asked, i.e. where this walk stopped
-                h = self._running_heap[p]
-                hver = self._hver
-                gpus = self.gpus
-                should = self.policy.should_preempt
-                while h:
-                    entry = h[0]
-                    v = entry[2]
-                    if entry[3] != hver[v]:
-                        heapq.heappop(h)
-                        continue
-                    if not should(-entry[0], wkey):
-                        break
-                    heapq.heappop(h)
-                    chosen.append((v, entry))
-                    freed += gpus[v]
-                    if part.total_free + freed >= g:
-                        break
-            else:
-                for v, entry in gen:
-                    chosen.append((v, entry))
-                    freed += self.gpus[v]
-                    if part.total_free + freed >= g:
-                        break
+            for v, entry in gen:
+                chosen.append((v, entry))
+                freed += self.gpus[v]
+                if part.total_free + freed >= g:
+                    break
             if part.total_free + freed < g:
                 gen.close()  # jobs a bounded search passed over go back on the heap
                 deficit = min(deficit, g - part.total_free - freed)
@@ -648,17 +621,13 @@ class Simulator:
             placer = self.policy.placer
             placer.may_wait = False  # jobs were preempted for this one: its placement must not hold it back
             try:
-                alloc = (
-                    part.allocate(g, cfg.placement, cfg.strict_placement)
-                    if self._direct_alloc
-                    else self.policy.place(j, p, part)
-                )
+                alloc = self._place(j, p, part)
                 while alloc is None and cfg.strict_placement:  # free more until a compact placement exists
                     extra = next(gen, None)
                     if extra is None:
                         break
                     self._preempt(extra[0], now)
-                    alloc = self.policy.place(j, p, part)
+                    alloc = self._place(j, p, part)
             finally:
                 placer.may_wait = True
             gen.close()
@@ -810,19 +779,7 @@ class Simulator:
                 # drop events that went stale (a stopped job's completion, timers and protection of an old run, a
                 # replaced wakeup) before choosing the next time: a time with only those changes nothing, and
                 # without per-step features it would cost a whole turn of this loop
-                while events:
-                    _, kind, seq, j, x = events[0]
-                    if kind == _COMPLETE:
-                        if x == ver[j]:
-                            break
-                    elif kind == _TIMER:
-                        if x[0] == token[j]:
-                            break
-                    elif kind == _UNPROTECT:
-                        if x == token[j]:
-                            break
-                    elif seq == self._wakeup_seq:
-                        break
+                while events and not _event_live(events[0], ver, token, self._wakeup_seq):
                     heappop(events)
             if len(events) > self._events_cap:
                 self._compact_events()
