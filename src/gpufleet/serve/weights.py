@@ -4,6 +4,7 @@ random model of a named shape for tests and benchmarks (no weights can be downlo
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -80,13 +81,18 @@ def random_model(config: LlamaConfig, seed: int = 0, std: float = 0.02) -> Llama
     """A Llama of ``config``'s shape with normal(0, std) weights and unit norms, the same for a seed."""
     gen = torch.Generator().manual_seed(seed)
     model = LlamaLoRAForCausalLM(config)
+    _fill_random(model, lambda param: param.copy_(torch.randn(param.shape, generator=gen) * std))
+    return model.eval()
+
+
+def _fill_random(model: LlamaLoRAForCausalLM, draw: Callable[[torch.Tensor], object]) -> None:
+    """Norm weights to 1, every other parameter through ``draw`` (in place, without autograd)."""
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("norm.weight"):
                 param.fill_(1.0)
             else:
-                param.copy_(torch.randn(param.shape, generator=gen) * std)
-    return model.eval()
+                draw(param)
 
 
 def random_model_on(
@@ -99,12 +105,7 @@ def random_model_on(
     gen = torch.Generator(device=device).manual_seed(seed)
     with torch.device(device):
         model = LlamaLoRAForCausalLM(config).to(dtype=dtype)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("norm.weight"):
-                param.fill_(1.0)
-            else:
-                param.normal_(0.0, std, generator=gen)
+    _fill_random(model, lambda param: param.normal_(0.0, std, generator=gen))
     return model.eval()
 
 
