@@ -10,8 +10,6 @@ checkpoint's step count, so it is deterministic too but not identical to an unin
 
 from __future__ import annotations
 
-import math
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,17 +25,6 @@ from gpufleet.sched.rl import require_rl
 TRAIN_SEED_BASE = 1_000_000
 #: Mixes training draws from, in turn.
 TRAIN_MIXES = ("heavy", "random", "medium", "light")
-#: PPO settings (small MLP, as the paper's; a shorter rollout than SB3's default suits short episodes). Undiscounted:
-#: the JCT reward's return is minus the average JCT only with gamma = 1 (see gpufleet.sim.rl_env).
-PPO_SETTINGS: dict[str, Any] = {
-    "n_steps": 1024,
-    "batch_size": 128,
-    "n_epochs": 5,
-    "learning_rate": 3e-4,
-    "gamma": 1.0,
-    "gae_lambda": 0.95,
-    "ent_coef": 0.01,
-}
 
 
 @dataclass(frozen=True)
@@ -74,15 +61,6 @@ class TraceSampler:
         return window.with_columns(pl.col("submit_s") - pl.col("submit_s").min())
 
 
-def _checkpoints(folder: Path) -> list[tuple[int, Path]]:
-    out = []
-    for p in folder.glob("rl_*_steps.zip"):
-        m = re.match(r"rl_(\d+)_steps\.zip$", p.name)
-        if m:
-            out.append((int(m.group(1)), p))
-    return sorted(out)
-
-
 def train_rl(
     cluster: Any,
     out: str | Path,
@@ -103,110 +81,28 @@ def train_rl(
     ``steps`` in total. Returns a summary (steps, episodes, seconds, mean episode return of the last 20).
     """
     require_rl()
-    import time
-
-    import torch
-    from sb3_contrib import MaskablePPO
-    from stable_baselines3.common.callbacks import BaseCallback
-
+    from gpufleet.sched.placement.rl_fit import fit_placement
     from gpufleet.sim.rl_env import make_env
 
     if steps < 1:
         raise ConfigError("--steps must be at least 1")
     if checkpoint_every < 1:
         raise ConfigError("--checkpoint-every must be at least 1")
-    torch.set_num_threads(1)
-    out = Path(out)
-    if out.suffix != ".zip":
-        out = out.with_suffix(".zip")
-    ckpt_dir = out.with_name(out.stem + ".ckpt")
-    ckpt_dir.mkdir(parents=True, exist_ok=True)
     env = make_env(cluster, sampler or MixSampler(), reward=reward, seed=seed, order=order)
-    done_steps = 0
-    found = _checkpoints(ckpt_dir) if resume else []
-    # masked PPO: infeasible candidates are never sampled, so no action becomes a stand-in for another
-    # (with plain PPO an always-infeasible slot on 4 nodes was learned as "ask the heuristic", and on 64
-    # nodes, where it fits, it spread jobs over 8 nodes)
-    model = MaskablePPO(
-        "MlpPolicy", env, seed=seed, device="cpu", verbose=0, policy_kwargs={"net_arch": [64, 64]}, **PPO_SETTINGS
+    # masked PPO (infeasible candidates are never sampled, so no action becomes a stand-in for another: with plain
+    # PPO an always-infeasible slot on 4 nodes was learned as "ask the heuristic", and on 64 nodes, where it fits,
+    # it spread jobs over 8 nodes), with the trainer every placement model uses
+    summary = fit_placement(
+        env,
+        out,
+        steps=steps,
+        seed=seed,
+        checkpoint_every=checkpoint_every,
+        resume=resume,
+        progress=progress,
+        title="train-rl",
     )
-    if found:
-        # a checkpoint's weights and optimizer state only (torch.load with weights_only): MaskablePPO.load would
-        # also unpickle the zip's other entries, which can run code; the settings above are the same anyway
-        done_steps, path = found[-1]
-        model.set_parameters(str(path), exact_match=True, device="cpu")
-        model.num_timesteps = done_steps
-        model.set_random_seed(seed + done_steps)
-    returns: list[float] = []
-
-    class Progress(BaseCallback):
-        """Rich progress bar, episode returns and periodic checkpoints."""
-
-        def __init__(self) -> None:
-            super().__init__()
-            self._ret = 0.0
-            self._bar: Any = None
-
-        def _on_training_start(self) -> None:
-            if progress:
-                from rich.console import Console
-                from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-                self._bar = Progress(
-                    TextColumn("[bold]train-rl[/]"),
-                    BarColumn(),
-                    TextColumn("{task.completed:,}/{task.total:,} steps"),
-                    TextColumn("return {task.fields[ret]}"),
-                    TimeElapsedColumn(),
-                    TimeRemainingColumn(),
-                    console=Console(stderr=True),
-                    transient=True,
-                )
-                self._task = self._bar.add_task("rl", total=steps, completed=done_steps, ret="-")
-                self._bar.start()
-
-        def _on_step(self) -> bool:
-            self._ret += float(self.locals["rewards"][0])
-            if self.locals["dones"][0]:
-                returns.append(self._ret)
-                self._ret = 0.0
-            n = self.model.num_timesteps
-            if n % checkpoint_every == 0:
-                self.model.save(str(ckpt_dir / f"rl_{n}_steps.zip"))
-            if self._bar is not None and n % 256 == 0:
-                recent = returns[-20:]
-                self._bar.update(self._task, completed=n, ret=f"{np.mean(recent):.1f}" if recent else "-")
-            return True
-
-        def _on_training_end(self) -> None:
-            if self._bar is not None:
-                self._bar.stop()
-
-    t0 = time.perf_counter()
-    left = steps - done_steps
-    callback = Progress()
-    try:
-        if left > 0:
-            model.learn(total_timesteps=left, callback=callback, reset_num_timesteps=not found, progress_bar=False)
-    finally:
-        if callback._bar is not None:
-            callback._bar.stop()
-        env.close()  # never leave a simulator thread waiting for an action
-    wall = time.perf_counter() - t0
-    out.parent.mkdir(parents=True, exist_ok=True)
-    model.save(str(out))
-    recent = returns[-20:]
-    return {
-        "model": str(out),
-        "steps": int(model.num_timesteps),
-        "resumed_from": done_steps,
-        "episodes": len(returns),
-        "train_s": wall,
-        "seed": seed,
-        "reward": reward,
-        "order": order,
-        "mean_return_last20": float(np.mean(recent)) if recent else math.nan,
-    }
+    return {**summary, "reward": reward, "order": order}
 
 
 def eval_policies(

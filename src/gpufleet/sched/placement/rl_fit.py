@@ -52,6 +52,7 @@ def fit_placement(
     progress: bool = True,
     settings: dict[str, Any] | None = None,
     action_bias: dict[int, float] | None = None,
+    title: str = "train placement",
 ) -> dict[str, Any]:
     """Train masked PPO on ``env`` for ``steps`` decisions in total and save the model to ``out`` (.zip).
 
@@ -101,13 +102,14 @@ def fit_placement(
                 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
                 self.bar = Progress(
-                    TextColumn("[bold]train placement[/]"),
+                    TextColumn(f"[bold]{title}[/]"),
                     BarColumn(),
                     TextColumn("{task.completed:,}/{task.total:,} steps"),
                     TextColumn("return {task.fields[ret]}"),
                     TimeElapsedColumn(),
                     TimeRemainingColumn(),
                     console=Console(stderr=True),
+                    transient=True,
                 )
                 self._task = self.bar.add_task("rl", total=steps, completed=done_steps, ret="-")
                 self.bar.start()
