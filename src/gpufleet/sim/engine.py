@@ -666,6 +666,11 @@ class Simulator:
         heads.sort()
         return heads
 
+    def _total_free(self) -> int:
+        """GPUs free now over every partition (the pass's budget for starting jobs without preemption)."""
+        parts = self.parts
+        return parts[0].total_free if len(parts) == 1 else sum(p.total_free for p in parts)
+
     def _schedule(self) -> None:
         """One scheduling pass: start waiting jobs best first; a class whose best job cannot start is
         skipped for the rest of the pass (its other jobs are worse and the same size)."""
@@ -678,7 +683,7 @@ class Simulator:
         blocked: set[tuple[int, int]] = set()
         parts = self.parts
         single = len(parts) == 1
-        free_now = parts[0].total_free if single else sum(p.total_free for p in parts)
+        free_now = self._total_free()
         fail_g = 1 << 62  # preempting for a job this large already failed in this pass
         # per set of allowed partitions, until the next successful preemption: heads come best first, so a later
         # job's victims (running jobs worse than it) are a subset of an earlier one's, and once preempting for
@@ -690,7 +695,7 @@ class Simulator:
             j = entry[2]
             g = gpus[j]
             if g <= free_now and self._try_place(j):
-                free_now = parts[0].total_free if single else sum(p.total_free for p in parts)
+                free_now = self._total_free()
                 e = self._head(ck)
                 if e is not None:
                     bisect.insort(heads, (e, ck))
@@ -715,7 +720,7 @@ class Simulator:
                     if won:
                         # victims went back to the queue: refresh the heads of the classes they joined (and
                         # j's), keeping blocked classes out; no other class's head moved
-                        free_now = parts[0].total_free if single else sum(p.total_free for p in parts)
+                        free_now = self._total_free()
                         requeued -= blocked
                         heads = [h for h in heads if h[1] not in requeued]
                         for rk in requeued:
