@@ -103,7 +103,7 @@ def main() -> None:
     for split, role in (
         ("calibration", "the only rows any constant was fitted on"),
         ("held-out", "held apart since issue 28's first pass; looked at while the model was revised"),
-        ("fresh", "recorded before revision 3 (commit ad93362) and judged once, at its end"),
+        ("fresh2", "recorded before revision 4 (commit a106ad0), never predicted before, judged once at its end"),
     ):
         part = table.filter(table["split"] == split)
         if part.is_empty():
@@ -114,7 +114,7 @@ def main() -> None:
             f"<= 5 % / <= 15 %); {int((~part['fits']).sum())} predicted over the GPU's memory"
         )
     console.print(f"{table['row'].n_unique()} table rows predicted, {len(skipped)} skipped\n")
-    for split in ("held-out", "fresh"):
+    for split in ("held-out", "fresh2"):
         part = table.filter(table["split"] == split)
         worst = Table(title=f"{split} rows above 10 % error (+ = predicted faster than measured)")
         for col in ("row", "case", "stack", "layout", "error %", "GiB / GPU"):
@@ -157,7 +157,7 @@ def main() -> None:
         f"runs of >= {TRUST_MIN_GPUS:,} GPUs: {int((~big['trusted']).sum())} of {big.height} where the planner's best "
         f"is more than {TRUST_GAP_PCT:g} % faster than the published layout (marked !)"
     )
-    for split in ("calibration", "held-out", "fresh"):
+    for split in ("calibration", "held-out", "fresh2"):
         part = big.filter(pl.Series([splits.get(r, "") == split for r in big["row"]]))
         console.print(f"  {split}: {int((~part['trusted']).sum())} of {part.height}")
     console.print()

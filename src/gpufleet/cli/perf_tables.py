@@ -324,9 +324,9 @@ def _summary_table(summary: Any, title: str) -> Table:
     table = Table(title=title, header_style="bold")
     for col in ("subset", "rows", "mean error", "max error"):
         table.add_column(col, justify="left" if col == "subset" else "right")
-    n_splits = sum(1 for s in summary["subset"] if s in ("calibration", "held-out", "fresh"))
+    n_splits = sum(1 for s in summary["subset"] if s in ("calibration", "held-out", "fresh", "fresh2"))
     for i, row in enumerate(summary.iter_rows(named=True)):
-        if i in (1, 1 + n_splits):  # after 'all rows', after the splits (calibration, held-out, fresh)
+        if i in (1, 1 + n_splits):  # after 'all rows', after the splits (calibration, held-out, fresh2)
             table.add_section()
         table.add_row(row["subset"], str(row["rows"]), f"{row['mean_pct']:.1f} %", f"{row['max_pct']:.1f} %")
     return table
@@ -474,7 +474,7 @@ def print_calibration(out: Console, run: CalibrationRun) -> None:
         errors.add_column(col, justify="left" if col == "subset" else "right")
     b_rows = {r["subset"]: r for r in run.before.iter_rows(named=True)}
     for r in run.after.iter_rows(named=True):
-        if r["subset"] not in ("all rows", "calibration", "held-out", "fresh"):
+        if r["subset"] not in ("all rows", "calibration", "held-out", "fresh", "fresh2"):
             continue
         b = b_rows.get(r["subset"], {})
         errors.add_row(
