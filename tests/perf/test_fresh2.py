@@ -1,0 +1,56 @@
+"""The ground truth's data roles: fresh2 is read but held apart from every fit; H200 rows map to the catalog."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from gpufleet.perf.calibrate import calibrate
+from gpufleet.perf.efficiency import default_efficiency
+from gpufleet.perf.ground_truth import default_ground_truth_path, read_cases
+from gpufleet.perf.validate import is_calibration, split_of
+
+
+def test_fresh2_rows_are_read_with_their_stacks_and_never_calibrate() -> None:
+    cases, _ = read_cases()
+    fresh2 = [c for c in cases if c.split == "fresh2"]
+    assert len({c.row for c in fresh2}) >= 20
+    assert {c.options.stack for c in fresh2} >= {"fsdp", "torchtitan", "nemo"}
+    assert not any(is_calibration(c) for c in fresh2)
+    assert {split_of(c) for c in fresh2} == {"fresh2"}
+
+
+def test_calibrate_refuses_a_set_without_calibration_rows() -> None:
+    cases, _ = read_cases()
+    held_apart = [c for c in cases if c.split == "fresh2"][:3]
+    with pytest.raises(ValueError, match="no calibration rows"):
+        calibrate(held_apart, default_efficiency())
+
+
+def test_the_old_fresh_rows_joined_calibration() -> None:
+    with default_ground_truth_path().open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert "fresh" not in {r["split"] for r in rows}
+    # revision 3's fresh set (MosaicML's MPT on H100 among it) now calibrates
+    mpt_h100 = [r for r in rows if r["model"].startswith("MPT") and "H100" in r["gpu"] and r["split"] == "calibration"]
+    assert len(mpt_h100) >= 3
+
+
+def test_an_h200_row_reads_as_the_catalog_h200(tmp_path: Path) -> None:
+    with default_ground_truth_path().open(newline="") as f:
+        reader = csv.DictReader(f)
+        columns = reader.fieldnames
+        row = next(r for r in reader if r["src"].startswith("pytorch/torchtitan") and "8B" in r["model"])
+    assert columns is not None
+    row = {**row, "gpu": "H200 141GB", "split": "calibration"}
+    table = tmp_path / "one_row.csv"
+    with table.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        writer.writerow(row)
+    cases, skipped = read_cases(table)
+    assert not skipped
+    assert cases[0].system.gpu.name == "h200"
+    assert cases[0].system.gpu.memory_gb > 100
