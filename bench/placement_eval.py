@@ -14,12 +14,17 @@ Trace roles were fixed before any rl setting was chosen (docs/contention.md):
 - held apart, fixed before the arrival-trained model (issue 24, second session) was trained and never run before
   its final evaluation: Philly jobs 40,000-49,999. Training windows never overlap a validation or held-apart
   window (:data:`EVAL_WINDOWS`).
+- selection (issue 24, third session; fixed before any result on them was looked at): five Philly windows of
+  10,000 jobs inside the training ranges (jobs 0-9,999, 10,000-19,999, 30,000-39,999, 50,000-59,999 and
+  70,000-79,999). The wait rule has no weights, so the model's training data can serve to choose the rule; these
+  widen what selection sees beyond the two validation traces. They run only with ``--role selection``.
 
 Each cluster is the default cluster resized so that the trace offers 90 % of its GPUs' time over its arrival
 window (at least the largest job), so that queues form.
 
     python bench/placement_eval.py                      # every trace
     python bench/placement_eval.py --role validation     # what selection may look at
+    python bench/placement_eval.py --role selection      # the training windows selection may also look at
     python bench/placement_eval.py --traces ef02 --orders srtf --placements consolidate,rl
 """
 
@@ -77,6 +82,10 @@ CASES = (
 )
 #: Philly job ranges (in submit order) that evaluation uses; training must draw its windows outside them.
 EVAL_WINDOWS = tuple((c.start, c.start + c.jobs) for c in CASES if c.source == "philly")
+#: Philly windows inside the training ranges on which the wait rule may also be chosen (not in the default run).
+SELECTION_CASES = tuple(
+    TraceCase(f"philly-{k}k-sel", "selection", "philly", 1000 * k, 10_000) for k in (0, 10, 30, 50, 70)
+)
 
 
 def load_case(case: TraceCase) -> pl.DataFrame:
@@ -211,14 +220,16 @@ def report(frame: pl.DataFrame) -> list[tuple[str, str, bool]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--traces", default=",".join(c.name for c in CASES))
-    ap.add_argument("--role", choices=("validation", "held-apart"), help="only the traces of this role")
+    ap.add_argument("--role", choices=("validation", "held-apart", "selection"), help="only the traces of this role")
     ap.add_argument("--orders", default=",".join(ORDERS))
     ap.add_argument("--placements", default=",".join(PLACEMENTS))
     ap.add_argument("--model", help="rl model zip (default: the shipped one)")
     ap.add_argument("--json", type=Path, help="also write every row here")
     args = ap.parse_args()
     names = args.traces.split(",")
-    cases = [c for c in CASES if c.name in names and (args.role is None or c.role == args.role)]
+    if args.role == "selection":
+        names = [c.name for c in SELECTION_CASES]
+    cases = [c for c in CASES + SELECTION_CASES if c.name in names and (args.role is None or c.role == args.role)]
     frames, verdicts = [], []
     for case in cases:
         frame = run_case(case, args.orders.split(","), args.placements.split(","), args.model)
