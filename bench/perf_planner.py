@@ -12,6 +12,8 @@ from rich.console import Console
 from rich.table import Table
 
 from gpufleet.errors import ConfigError
+from gpufleet.perf.crossval import leave_one_source_out
+from gpufleet.perf.efficiency import default_efficiency
 from gpufleet.perf.flops import RECOMPUTE_MODES
 from gpufleet.perf.ground_truth import read_cases
 from gpufleet.perf.hetero import plan_hetero
@@ -49,6 +51,34 @@ def _loop_search(model, system, gpus, gbs, options=None):
         if est.fits and est.step_time_s < best[0]:
             best = (est.step_time_s, layout)
     return int(valid.sum()), best
+
+
+def _print_loso(console: Console, cases) -> None:
+    """Leave-one-source-out: each document predicted by constants refitted on every other document (all splits)."""
+    t0 = time.process_time()
+    cv = leave_one_source_out(cases, default_efficiency())
+    secs = time.process_time() - t0
+    loso = Table(
+        title=f"Leave-one-source-out cross-validation ({cv.folds.height} documents, chord refits, {secs:.0f} s CPU)"
+    )
+    for col in ("left-out document", "predictions", "mean error %", "max error %", "worst (+ = too fast)", "fell back"):
+        loso.add_column(col, justify="left" if col in ("left-out document", "fell back") else "right")
+    for fold in cv.folds.iter_rows(named=True):
+        part = cv.rows.filter(cv.rows["document"] == fold["document"])
+        worst = part.sort("error_pct", descending=True).row(0, named=True)
+        loso.add_row(
+            fold["document"],
+            str(part.height),
+            f"{part['error_pct'].mean():.2f}",
+            f"{part['error_pct'].max():.2f}",
+            f"{worst['signed_pct']:+.1f} (row {worst['row']})",
+            fold["fallback"],
+        )
+    console.print(loso)
+    console.print(
+        f"LOSO over all {cv.rows.height} predictions: mean {cv.mean_pct:.2f} %, max {cv.max_pct:.2f} % "
+        "(bar for unseen publications: <= 5 % / <= 15 %)\n"
+    )
 
 
 def main() -> None:
@@ -114,6 +144,7 @@ def main() -> None:
             f"<= 5 % / <= 15 %); {int((~part['fits']).sum())} predicted over the GPU's memory"
         )
     console.print(f"{table['row'].n_unique()} table rows predicted, {len(skipped)} skipped\n")
+    _print_loso(console, cases)
     for split in ("held-out", "fresh2"):
         part = table.filter(table["split"] == split)
         worst = Table(title=f"{split} rows above 10 % error (+ = predicted faster than measured)")

@@ -19,7 +19,7 @@ from gpufleet.perf.efficiency import Efficiency
 from gpufleet.perf.ground_truth import Case
 from gpufleet.perf.validate import is_calibration, predict_case
 
-__all__ = ["FITTED", "calibrate", "write_efficiency"]
+__all__ = ["FITTED", "calibrate", "fit_weights", "fitted_values", "with_values", "write_efficiency"]
 
 #: (section, key, lower, upper) of every fitted constant; sections are dotted TOML table names. The
 #: bounds keep each constant physical: FlashAttention-2 reaches 35-70 % of peak on A100/H100 (Dao 2023),
@@ -32,12 +32,14 @@ FITTED: tuple[tuple[str, str, float, float], ...] = (
     ("compute.hopper", "gemm", 0.4, 0.95),
     ("compute.hopper", "flash_attention", 0.3, 0.8),
     ("compute.hopper", "fp8_gemm", 0.2, 0.95),
-    ("compute.*", "elementwise_bytes", 0.0, 400.0),
+    # bytes per element of fp8 dynamic-scaling casts: 0 (fused away) to 8 (unfused amax, cast and transposed copy)
+    ("compute.hopper", "fp8_cast_bytes", 0.0, 8.0),
+    ("compute.*", "elementwise_bytes", 0.0, 48.0),
     ("intra", "nvlink", 0.5, 0.95),
     ("network.infiniband", "efficiency", 0.5, 0.95),
     ("network.roce", "efficiency", 0.5, 0.95),
     ("software", "tp_overlap_exposed", 0.0, 1.0),
-    ("software", "layer_overhead_us", 0.0, 2000.0),
+    ("software", "layer_overhead_us", 0.0, 300.0),
     # per training stack, relative to megatron-core (= 1, the generation constants): only stacks with
     # calibration rows; the bounds allow a stack half to one and a half times the reference's compute rate
     ("stack.megatron-2021", "compute", 0.5, 1.5),
@@ -75,20 +77,38 @@ def _set(data: dict, section: str, key: str, value: float) -> None:
     node[key] = value
 
 
-def _with(base: Efficiency, x: np.ndarray) -> Efficiency:
+def with_values(base: Efficiency, x: np.ndarray) -> Efficiency:
+    """``base`` with the ``FITTED`` constants set to ``x`` (in ``FITTED``'s order)."""
     data = base.model_dump()
     for (section, key, _, _), value in zip(FITTED, x, strict=True):
         _set(data, section, key, float(value))
     return Efficiency.model_validate(data)
 
 
-def calibrate(cases: Sequence[Case], base: Efficiency) -> tuple[Efficiency, dict[str, float]]:
+def fit_weights(cases: Sequence[Case]) -> np.ndarray:
+    """Each case's weight on its log residual (the square root of its least-squares weight)."""
+    # Korthikanti's rows are the field's reference (Calculon's 3.65 %): weigh them as much as the rest
+    return np.array([np.sqrt(KORTHIKANTI_WEIGHT) if c.group == "Korthikanti 2022" else 1.0 for c in cases])
+
+
+def fitted_values(eff: Efficiency) -> np.ndarray:
+    """The ``FITTED`` constants of ``eff`` in ``FITTED``'s order (a missing stack table reads as the reference, 1)."""
+    data = eff.model_dump()
+    stacks = data["stack"]
+    return np.array(
+        [
+            1.0 if s.startswith("stack.") and s.split(".", 1)[1] not in stacks else _get(data, s, k)
+            for s, k, _, _ in FITTED
+        ]
+    )
+
+
+def calibrate(cases: Sequence[Case], base: Efficiency, *, max_nfev: int = 400) -> tuple[Efficiency, dict[str, float]]:
     """Refit ``FITTED`` on the calibration cases; returns the new constants and a fit summary."""
     chosen = [c for c in cases if is_calibration(c)]
     if not chosen:
         raise ValueError("no calibration rows among the cases")
-    # Korthikanti's rows are the field's reference (Calculon's 3.65 %): weigh them as much as the rest
-    weights = np.array([np.sqrt(KORTHIKANTI_WEIGHT) if c.group == "Korthikanti 2022" else 1.0 for c in chosen])
+    weights = fit_weights(chosen)
     base_data = base.model_dump()
     for section, _, _, _ in FITTED:  # a start file without a stack's table starts that stack at the reference
         if section.startswith("stack."):
@@ -100,13 +120,14 @@ def calibrate(cases: Sequence[Case], base: Efficiency) -> tuple[Efficiency, dict
     x0 = np.clip(x0, lower + 1e-9, upper - 1e-9)
 
     def residuals(x: np.ndarray) -> np.ndarray:
-        eff = _with(base, x)
+        eff = with_values(base, x)
         return weights * np.array([np.log(predict_case(c, eff)["predicted"] / c.target) for c in chosen])
 
-    fit = least_squares(residuals, x0, bounds=(lower, upper), x_scale="jac", diff_step=1e-3, max_nfev=400)
-    eff = _with(base, fit.x)
+    fit = least_squares(residuals, x0, bounds=(lower, upper), x_scale="jac", diff_step=1e-3, max_nfev=max_nfev)
+    eff = with_values(base, fit.x)
     res = np.abs(np.expm1(residuals(fit.x) / weights)) * 100.0
-    return eff, {"rows": float(len(chosen)), "mean_pct": float(res.mean()), "max_pct": float(res.max())}
+    summary = {"rows": float(len(chosen)), "mean_pct": float(res.mean()), "max_pct": float(res.max())}
+    return eff, summary | {"nfev": float(fit.nfev)}
 
 
 def write_efficiency(eff: Efficiency, template: str | Path, out: str | Path) -> None:

@@ -42,6 +42,12 @@ class ComputeEfficiency(BaseModel):
     elementwise_bytes: float = Field(ge=0)
     memory: float = Field(gt=0, le=1)
     fp8_gemm: float = Field(ge=0, le=1)
+    fp8_cast_bytes: float = Field(
+        default=0.0,
+        ge=0,
+        description="HBM bytes per element that fp8 training's dynamic scaling moves to quantise each GEMM operand "
+        "(amax read, cast read + fp8 write, transposed copy); 0 = free (the simulator's frozen file)",
+    )
 
     def gemm_efficiency(self, width):
         """GEMM efficiency for a per-GPU width (hidden / TP): saturates at ``gemm`` for wide matrices."""

@@ -20,7 +20,12 @@ import numpy as np
 
 from gpufleet.perf.model_spec import ModelSpec
 
-__all__ = ["ATTENTION_HALF_LENGTH", "flash_length_efficiency", "gemm_output_bytes_per_token_layer"]
+__all__ = [
+    "ATTENTION_HALF_LENGTH",
+    "flash_length_efficiency",
+    "fp8_cast_elements_per_token_layer",
+    "gemm_output_bytes_per_token_layer",
+]
 
 _OUT_BYTES = 2.0  # GEMM outputs are written in bf16 (fp8 GEMMs too: Transformer Engine, DeepGEMM)
 
@@ -46,6 +51,21 @@ def gemm_output_bytes_per_token_layer(model: ModelSpec, tp: Any) -> tuple[np.nda
         dense_f = (1.0 - share) * dense_f + share * moe_f
         dense_b = (1.0 - share) * dense_b + share * moe_b
     return _OUT_BYTES * (attn_fwd + dense_f), _OUT_BYTES * (attn_bwd + dense_b)
+
+
+def fp8_cast_elements_per_token_layer(model: ModelSpec, tp: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(forward, backward) activation elements per token that fp8 training quantises in one layer on one TP rank.
+
+    With dynamic (per-tensor or per-row) scaling every fp8 GEMM operand is scaled and cast from bf16 first
+    (torchao.float8 and Transformer Engine: ``to_fp8(input) @ to_fp8(weight)`` forward, ``to_fp8(grad_output)``
+    for both backward GEMMs, and a transposed fp8 copy of the input for the weight gradient). Forward: the inputs
+    of QKV, attention output, MLP up and MLP down, i.e. the shapes of the input gradients; backward: the output
+    gradients, i.e. the shapes of the forward outputs. These casts are memory-bound and do not shrink with the
+    GEMM's inner dimension, so narrow (tensor-parallel) fp8 GEMMs lose most of their speed-up to them, as
+    torchao's float8 microbenchmarks show for small M, K, N.
+    """
+    fwd_out, bwd_out = gemm_output_bytes_per_token_layer(model, tp)
+    return bwd_out / _OUT_BYTES, fwd_out / _OUT_BYTES
 
 
 #: Keys per query at which fused (flash) attention runs at half its long-sequence rate. From the published

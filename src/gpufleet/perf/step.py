@@ -33,7 +33,11 @@ from gpufleet.perf.flops import (
     param_count,
     params_per_layer,
 )
-from gpufleet.perf.gemm_io import flash_length_efficiency, gemm_output_bytes_per_token_layer
+from gpufleet.perf.gemm_io import (
+    flash_length_efficiency,
+    fp8_cast_elements_per_token_layer,
+    gemm_output_bytes_per_token_layer,
+)
 from gpufleet.perf.memory import (
     activation_bytes_per_token_layer,
     activation_inventory,
@@ -268,6 +272,10 @@ def evaluate(
     if rev3:  # GEMM outputs written through HBM: full-width outputs of narrow (row-parallel) GEMMs
         io_fwd, io_bwd = gemm_output_bytes_per_token_layer(model, tp)
         t_layer_compute = t_layer_compute + (io_fwd * (1.0 + (rc == 2)) + io_bwd) * tok / mem_rate
+    if opt.precision == "fp8" and ce.fp8_cast_bytes > 0:  # dynamic scaling quantises every GEMM operand
+        cast_fwd, cast_bwd = fp8_cast_elements_per_token_layer(model, tp)
+        t_cast = ce.fp8_cast_bytes * (cast_fwd * (1.0 + (rc == 2)) + cast_bwd) * tok / mem_rate
+        t_layer_compute = t_layer_compute + t_cast
     if rev2:  # GEMM roofline: no pass is faster than streaming its weights (or its fp32 weight gradients) once
         t_layer_compute = t_layer_compute + _weight_streaming(model, opt, tp, ep, t_gemm, t_gemm_exp, mem_rate, rc)
 
