@@ -123,20 +123,22 @@ def _fsdp_per_layer(
     layer_t: np.ndarray,
     m: np.ndarray,
     reshard: bool,
+    fwd_share: Any = 1.0 / 3.0,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(communication per micro-batch, exposed communication per step) of FSDP / ZeRO-3 on one stage.
 
     Per layer: all-gather its weights before forward (prefetched behind the previous layer's forward),
     again before backward when ``reshard`` (torchtitan's reshard_after_forward), and reduce-scatter its
     gradients behind the next layer's backward; the first gather and the last reduce-scatter of each
-    micro-batch are never hidden. Forward is a third of a layer's time, backward the rest. Without
+    micro-batch are never hidden. Forward is ``fwd_share`` of a layer's time (a third; a quarter with full
+    recompute, whose backward runs the forward again), backward the rest. Without
     ``reshard`` (torchtitan with PP) the weights stay gathered and the gradients accumulate unsharded
     across the step's micro-batches: one gather and one reduce-scatter per step, not per micro-batch.
     """
     n = np.maximum(layers, 1.0)
     ag_l = ag(param_bytes / n)
     rs_l = rs(grad_bytes / n)
-    fwd, bwd = layer_t / 3.0, layer_t * 2.0 / 3.0
+    fwd, bwd = layer_t * fwd_share, layer_t * (1.0 - fwd_share)
     bwd_comm = rs_l + (ag_l if reshard else 0.0)
     hidden_miss = np.maximum(ag_l - fwd, 0.0) + np.maximum(bwd_comm - bwd, 0.0)
     per_mb = n * (ag_l + bwd_comm)
@@ -380,7 +382,15 @@ def evaluate(
 
     if opt.zero == 3:  # FSDP: per layer, gather weights for forward (and backward), reduce-scatter grads
         per_mb, dp_exposed = _fsdp_per_layer(
-            ag, rs, param_bytes, grad_bytes, layers_per_stage, layer_t, m, opt.reshard_after_forward
+            ag,
+            rs,
+            param_bytes,
+            grad_bytes,
+            layers_per_stage,
+            layer_t,
+            m,
+            opt.reshard_after_forward,
+            np.where(rc == 2, 0.25, 1.0 / 3.0),  # full recompute runs the forward again inside the backward
         )
     else:
         if opt.zero == 0:
