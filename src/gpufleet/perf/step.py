@@ -292,6 +292,10 @@ def evaluate(
         act_bytes, tp, np.minimum(tp, per_node), intra_bw, nic_bw, intra_alpha, nic_alpha
     )
     n_coll = (4.0 + 2.0 * (rc == 2)) * (0.5 if opt.parallel_block else 1.0)
+    if opt.selective_policy == "op" and opt.sequence_parallel:  # torchtitan's per-op checkpointing saves matmul
+        # outputs and reduce-scatters but not all-gathers (its _save_list), so the backward gathers the sequence-
+        # parallel inputs of the QKV and MLP-up matmuls again: one all-reduce equivalent more per layer
+        n_coll = n_coll + np.where(rc == 1, 1.0, 0.0)
     tp_layer = n_coll * tp_ar * (sw.tp_overlap_exposed if opt.tp_overlap else 1.0)
 
     # --- context-parallel K/V exchange: all-gather K and V over the CP group before attention (forward, and again
