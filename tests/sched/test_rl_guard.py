@@ -8,7 +8,8 @@ import polars as pl
 import pytest
 
 from gpufleet.perf.contention import DEEPSHARE_MODELS, ContentionModel
-from gpufleet.sched.placement.rl import ANCHOR, guarded_mask
+from gpufleet.sched.placement import rl as rl_mod
+from gpufleet.sched.placement.rl import ANCHOR, guarded_mask, wait_budget
 from gpufleet.sched.policy import make_policy, make_scheduler
 from gpufleet.sched.rl_features import HEURISTIC, WAIT
 from gpufleet.sim.config import SimConfig
@@ -123,3 +124,42 @@ def test_the_rl_alias_keeps_the_unguarded_policy() -> None:
     res, pol = _run("rl", None, decider=wait_when_allowed)
     assert pol.waits > 0 and any(seen)
     assert res.summary["finished"] == 60
+
+
+def test_the_wait_budget_is_what_a_slower_start_costs() -> None:
+    assert wait_budget(1000.0, 1.0, 0.0, 8) == 0.0  # a full-speed plan: waiting cannot pay
+    assert wait_budget(1000.0, 0.5, 0.0, 8) == pytest.approx(1000.0)  # twice as long: it loses its remaining time
+    # taking 2 GPUs' worth of speed from neighbours over its 2,000 s run costs 2/8 of that per GPU of its own
+    assert wait_budget(1000.0, 0.5, 2.0, 8) == pytest.approx(1000.0 + 2000.0 * 2.0 / 8.0)
+    assert wait_budget(1000.0, 0.0, 0.0, 8) == float("inf")
+    assert wait_budget(2000.0, 0.8, 1.0, 4) == pytest.approx(2 * wait_budget(1000.0, 0.8, 1.0, 4))
+
+
+def test_a_job_is_held_only_while_its_waits_so_far_are_within_its_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the eager rule (any slowdown, any outlook), every hold comes with the waits so far below the budget of
+    that decision; without the budget the same rule holds jobs more often."""
+    budgets: list[float] = []
+    holds: list[tuple[float, float]] = []
+
+    def spy_budget(*args: float) -> float:
+        budgets.append(rl_mod.wait_budget.__wrapped__(*args))  # type: ignore[attr-defined]
+        return budgets[-1]
+
+    spy_budget.__wrapped__ = rl_mod.wait_budget  # type: ignore[attr-defined]
+    real_hold = rl_mod.RLPlacement._hold
+
+    def spy_hold(self, j: int) -> None:
+        holds.append((self._waited.get(j, 0.0), budgets[-1]))
+        real_hold(self, j)
+
+    monkeypatch.setattr(rl_mod, "wait_budget", spy_budget)
+    monkeypatch.setattr(rl_mod.RLPlacement, "_hold", spy_hold)
+    eager = {"wait_below": 1.01, "outlook": 0.0}
+    res, pol = _run("las+rl", eager)
+    assert res.summary["finished"] == 60
+    assert holds and all(waited < budget for waited, budget in holds)
+    assert any(waited > 0 for waited, _ in holds)  # some jobs are held again, on what is left of their budget
+    monkeypatch.undo()
+    unbounded, free = _run("las+rl", {**eager, "budget": 0.0})
+    assert unbounded.summary["finished"] == 60
+    assert free.placer.waits > pol.placer.waits

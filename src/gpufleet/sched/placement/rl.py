@@ -97,13 +97,16 @@ class RLPlacement(CandidatePlacement):
     #: job's GPUs (default -1: none is, so consolidate's plan it is; chosen on validation traces, docs/contention.md).
     #: It may wait only while even the best of those would run below ``wait_below`` of full speed, enough GPUs for it
     #: are expected to free up within ``outlook`` x its remaining time (0: any time), it has waited in the queue less
-    #: than ``max_wait`` x its remaining time (0: no limit) and, with ``resume_wait`` 0, it has never run; with
-    #: ``wait_rule`` > 0 it then waits, otherwise the model decides. Anything else falls back to consolidate. A
-    #: guarded decision with one node set allowed and no wait asks no one. ``guard`` 0: the unguarded policy of the
-    #: ``rl`` alias (the t = 0 mixes it was trained and judged on). ``arrivals``: 1 observes the arrival features
-    #: (:func:`gpufleet.sched.rl_features.arrival_features`), 0 not, -1 (default) as wide as the model reads (a
-    #: decider gets the old observation). ``model`` empty: the guarded policy loads :func:`guarded_model_path`, the
-    #: unguarded one the t = 0 model.
+    #: than ``max_wait`` x its remaining time (0: no limit), with ``resume_wait`` 0 it has never run, and with
+    #: ``budget`` > 0 (the default) the time it has already spent in waits it chose is below what running now on
+    #: consolidate's plan would cost (:func:`wait_budget`: its own slowdown plus the speed it takes from its
+    #: neighbours, over its run, per GPU of the job), so that no job waits in total longer than waiting can pay;
+    #: with ``wait_rule`` > 0 it then waits, otherwise the model decides among the waits the rule allows. Anything
+    #: else falls back to consolidate. A guarded decision with one node set allowed and no wait asks no one.
+    #: ``guard`` 0: the unguarded policy of the ``rl`` alias (the t = 0 mixes it was trained and judged on).
+    #: ``arrivals``: 1 observes the arrival features (:func:`gpufleet.sched.rl_features.arrival_features`), 0 not,
+    #: -1 (default) as wide as the model reads (a decider gets the old observation). ``model`` empty: the guarded
+    #: policy loads :func:`guarded_model_path`, the unguarded one the t = 0 model.
     options: ClassVar[dict[str, float | str]] = {
         "arrivals": -1.0,
         "model": "",
@@ -115,6 +118,7 @@ class RLPlacement(CandidatePlacement):
         "max_wait": 0.0,
         "resume_wait": 1.0,
         "outlook": 1.0,
+        "budget": 1.0,
     }
 
     def __init__(self, decider: Decider | None = None, **opts: Any) -> None:
@@ -127,6 +131,8 @@ class RLPlacement(CandidatePlacement):
         self._fast: Callable[[np.ndarray], np.ndarray] | None = None
         self._width = 0  # values of the observation the model reads (0: all)
         self._arrivals = False
+        self._wait_since: dict[int, float] = {}  # job -> when its placement last chose to hold it
+        self._waited: dict[int, float] = {}  # job -> seconds spent so far in waits its placement chose
 
     def bind(self, sim: Any) -> None:
         super().bind(sim)
@@ -137,6 +143,7 @@ class RLPlacement(CandidatePlacement):
             path = str(self.opts["model"]) or (str(guarded_model_path()) if guarded else None)
             actor = load_model(path)
             self._fast, self._width = actor.probs, actor.n_obs
+        self._wait_since, self._waited = {}, {}
         mode = float(self.opts["arrivals"])
         self._arrivals = mode > 0 or (mode < 0 and self._width >= ARRIVAL_OBS_SIZE)
 
@@ -180,6 +187,7 @@ class RLPlacement(CandidatePlacement):
         """The model's choice among the candidates predicted no worse than consolidate's (within the margin), a
         wait only while even the best of them runs below ``wait_below``; consolidate's plan otherwise."""
         g = self.sim.gpus[j]
+        waited = self._close_wait(j)
         allowed, best_speed = guarded_mask(cands, scores, g, float(self.opts["margin"]))
         wait_ok = can_wait and best_speed < float(self.opts["wait_below"])
         outlook = float(self.opts["outlook"])
@@ -190,21 +198,23 @@ class RLPlacement(CandidatePlacement):
         limit = float(self.opts["max_wait"])
         if wait_ok and limit > 0:  # the time it has waited in the queue so far, against its remaining time
             sim = self.sim
-            waited = sim.now - sim.submit[j] - sim.held_s[j]
-            wait_ok = waited < limit * max(sim.remaining[j], 1.0)
+            queued = sim.now - sim.submit[j] - sim.held_s[j]
+            wait_ok = queued < limit * max(sim.remaining[j], 1.0)
+        if wait_ok and float(self.opts["budget"]) > 0:  # never wait longer in total than waiting can pay
+            sc = scores[ANCHOR] if cands[ANCHOR] is not None else None
+            rem = max(float(self.sim.remaining[j]), 1.0)
+            wait_ok = sc is not None and waited < wait_budget(rem, sc[0], sc[2], g)
         if not wait_ok:  # nothing to choose when every allowed slot is the same node set: no one is asked
             slots = np.flatnonzero(allowed[:N_SLOTS])
             if len({tuple(sorted(cands[i])) for i in slots}) == 1:
                 return int(slots[-1])
         self.decisions += 1
         if wait_ok and float(self.opts["wait_rule"]) > 0:
-            self.waits += 1
-            return None
+            return self._hold(j)
         allowed[WAIT] = wait_ok
         action = self._act(obs, allowed)
         if action == WAIT and allowed[WAIT]:
-            self.waits += 1
-            return None
+            return self._hold(j)
         if action < WAIT and allowed[action]:
             return action
         if action == HEURISTIC:  # the cheapest allowed candidate: the heuristic's choice when it is allowed
@@ -212,6 +222,33 @@ class RLPlacement(CandidatePlacement):
             return least_cost([sc if allowed[i] else None for i, sc in enumerate(scores)], g)[0]
         self.fallbacks += 1
         return ANCHOR if cands[ANCHOR] is not None else least_cost(scores, g)[0]
+
+    def _hold(self, j: int) -> None:
+        """Hold job ``j`` for a better slot, counting the time until its next decision against its wait budget."""
+        self.waits += 1
+        self._wait_since[j] = self.sim.now
+
+    def _close_wait(self, j: int) -> float:
+        """Seconds job ``j`` has spent in waits this placement chose, closing the one since its last decision
+        (which also counts passes in which nothing fitted it: the budget errs on the side of running)."""
+        since = self._wait_since.pop(j, None)
+        if since is None:
+            return self._waited.get(j, 0.0)
+        total = self._waited.get(j, 0.0) + self.sim.now - since
+        self._waited[j] = total
+        return total
+
+
+def wait_budget(remaining: float, speed: float, harm: float, gpus: int) -> float:
+    """Seconds of waiting that starting now at ``speed`` would cost, so the most a job should wait in total.
+
+    Running now, the job's ``remaining`` seconds of work take ``remaining / speed``: it loses ``remaining x (1/speed
+    - 1)`` and takes ``harm`` GPUs' worth of speed from its neighbours over that time, ``harm / gpus`` per GPU of
+    its own. A job that waits longer than the sum loses more than a slower start would have cost. Speed 0: no
+    bound (the plan does not run)."""
+    if speed <= 0.0:
+        return float("inf")
+    return remaining / speed * (1.0 - speed + harm / max(gpus, 1))
 
 
 #: Where the observation keeps how soon enough GPUs for the job free up (over its remaining time, clipped at 4, / 4).
