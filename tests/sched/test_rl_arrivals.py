@@ -132,7 +132,7 @@ def test_env_masks_and_its_return_is_minus_the_average_jct() -> None:
     obs, info = env.reset(seed=3)
     rng = np.random.default_rng(3)
     # the job-hours before the first decision are no action's doing: reset does not return them as a reward
-    total, steps = -env._acc / (3600.0 * env.sim.n), 0
+    total, steps = -env.reward.acc / (3600.0 * env.sim.n), 0
     while True:
         mask = info["action_mask"]
         assert obs.shape == (ARRIVAL_OBS_SIZE,) and np.array_equal(mask, env.action_masks()) and mask.any()
@@ -143,6 +143,9 @@ def test_env_masks_and_its_return_is_minus_the_average_jct() -> None:
             break
     jct = env.last_summary["avg_jct_s"] / 3600.0
     assert steps > 5 and total == pytest.approx(-jct, rel=1e-6)
+    assert env.last_result.summary == env.last_summary  # the simulator's own result, for callers that want more
+    with pytest.raises(RuntimeError, match="reset"):  # the episode is over: a step would wait forever
+        env.step(0)
     env.close()
 
 

@@ -16,7 +16,7 @@ from gpufleet.errors import ConfigError
 from gpufleet.perf.contention import DEEPSHARE_MODELS, ContentionModel
 from gpufleet.sched.rl_features import N_ACTIONS, OBS_SIZE, WAIT
 from gpufleet.sim.config import SimConfig
-from gpufleet.sim.rl_env import make_env
+from gpufleet.sim.rl_env import REWARDS, TAIL_WEIGHT, make_env
 from gpufleet.sim.rl_train import train_rl
 from gpufleet.sim.run import RunSpec, run_one
 from gpufleet.spec.loader import cluster_from_dict
@@ -101,6 +101,35 @@ def test_env_is_deterministic_for_a_seed() -> None:
     assert ra == rb
 
 
+def test_the_reward_shapes_the_return_never_the_episode() -> None:
+    """Under each reward the same seed and actions give the same observations and episode ends; ``jct-tail`` is
+    ``jct`` but for the last step of each episode, which also takes off half its p99 JCT in hours."""
+    runs = {}
+    for reward in REWARDS:
+        env = make_env(_cluster(), _sampler(8), reward=reward, seed=4)
+        obs, info = env.reset(seed=4)
+        rng = np.random.default_rng(4)
+        seen, rewards, tails = [obs], [], []
+        for _ in range(120):
+            obs, r, done, _, info = env.step(int(rng.choice(np.flatnonzero(info["action_mask"]))))
+            seen.append(obs)
+            rewards.append(r)
+            if done:
+                jct = env.last_result.jobs["jct_s"].to_numpy() / 3600.0
+                tails.append(TAIL_WEIGHT * np.percentile(jct, 99))
+                assert env.last_summary == env.last_result.summary == info["summary"]
+                obs, info = env.reset()
+                seen.append(obs)
+        env.close()
+        runs[reward] = seen, np.array(rewards), tails
+    (obs_a, jct, tails), (obs_b, tail, _) = runs["jct"], runs["jct-tail"]
+    assert len(tails) >= 2 and all(np.array_equal(a, b) for a, b in zip(obs_a, obs_b, strict=True))
+    assert all(np.array_equal(a, b) for a, b in zip(obs_a, runs["paper"][0], strict=True))
+    ends = np.flatnonzero(jct != tail)
+    assert len(ends) == len(tails) and np.allclose(jct[ends] - tail[ends], tails, rtol=1e-9)
+    assert np.all(runs["paper"][1] >= -0.5) and np.all(runs["paper"][1] <= 0.5)  # w1 = w2 = 0.5
+
+
 def test_paper_reward_mixes_slowdown_and_utilisation() -> None:
     env = make_env(_cluster(), _sampler(), reward="paper", w1=0.0, w2=1.0, seed=0)
     _, info = env.reset(seed=0)
@@ -155,8 +184,6 @@ def test_missing_model_file_is_a_clear_error(tmp_path) -> None:
 
 
 def test_jct_tail_reward_adds_the_p99_at_the_end() -> None:
-    from gpufleet.sim.rl_env import TAIL_WEIGHT
-
     env = make_env(_cluster(), _sampler(), reward="jct-tail", seed=2)
     _, info = env.reset(seed=2)
     total, done = 0.0, False
