@@ -26,6 +26,8 @@ window (at least the largest job), so that queues form.
     python bench/placement_eval.py --role validation     # what selection may look at
     python bench/placement_eval.py --role selection      # the training windows selection may also look at
     python bench/placement_eval.py --traces ef02 --orders srtf --placements consolidate,rl
+    python bench/placement_eval.py --trace-file my_cluster.csv --columns elasticflow   # the bar on your own trace
+    python bench/placement_eval.py --role validation --rl-option budget=0 --rl-option outlook=0.5
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ import polars as pl
 from rich.console import Console
 from rich.table import Table
 
+from gpufleet.errors import GpufleetError
 from gpufleet.perf.comm_profiles import with_comm_profiles
 from gpufleet.sim.config import SimConfig
 from gpufleet.sim.run import RunSpec, run_one
@@ -67,7 +70,7 @@ class TraceCase:
 
     name: str
     role: str  # "validation" or "held-apart"
-    source: str  # "philly" or an ElasticFlow file name
+    source: str  # "philly", a bundled ElasticFlow file name, or a path (role "external")
     start: int = 0  # Philly window: first job (in submit order) and job count
     jobs: int = 0
 
@@ -88,14 +91,37 @@ SELECTION_CASES = tuple(
 )
 
 
-def load_case(case: TraceCase) -> pl.DataFrame:
-    """The case's jobs with communication profiles (ElasticFlow: from the model names; Philly: equal mix)."""
+def load_case(case: TraceCase, columns: dict[str, str] | None = ELASTICFLOW_COLUMNS) -> pl.DataFrame:
+    """The case's jobs with communication profiles (ElasticFlow: from the model names; Philly: equal mix).
+    An external case is read from its path with ``columns`` (None: the trace's own canonical columns)."""
     if case.source == "philly":
         jobs = load_trace("philly").jobs.sort("submit_s").slice(case.start, case.jobs)
+        jobs = jobs.with_columns(pl.col("submit_s") - pl.col("submit_s").min())
+    elif case.role == "external":
+        jobs = load_trace(case.source, columns=columns).jobs
         jobs = jobs.with_columns(pl.col("submit_s") - pl.col("submit_s").min())
     else:
         jobs = load_trace(str(bundled_trace_path(case.source)), columns=ELASTICFLOW_COLUMNS).jobs
     return with_comm_profiles(jobs, None)
+
+
+def rl_options(pairs: list[str]) -> dict[str, float | str]:
+    """``KEY=VALUE`` pairs as options of the ``rl`` placement; an unknown key or a bad number names the fix."""
+    from gpufleet.sched.placement.rl import RLPlacement
+
+    opts: dict[str, float | str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or key not in RLPlacement.options:
+            raise SystemExit(f"--rl-option {pair!r}: use KEY=VALUE with KEY one of {', '.join(RLPlacement.options)}")
+        if isinstance(RLPlacement.options[key], str):
+            opts[key] = value
+            continue
+        try:
+            opts[key] = float(value)
+        except ValueError:
+            raise SystemExit(f"--rl-option {pair!r}: {key} takes a number") from None
+    return opts
 
 
 def sized_gpus(jobs: pl.DataFrame, load: float = TARGET_LOAD, gpus_per_node: int = 8) -> int:
@@ -107,8 +133,15 @@ def sized_gpus(jobs: pl.DataFrame, load: float = TARGET_LOAD, gpus_per_node: int
     return int(math.ceil(need / gpus_per_node) * gpus_per_node)
 
 
-def run_case(case: TraceCase, orders: list[str], placements: list[str], model: str | None) -> pl.DataFrame:
-    jobs = load_case(case)
+def run_case(
+    case: TraceCase,
+    orders: list[str],
+    placements: list[str],
+    rl_opts: dict[str, float | str],
+    columns: dict[str, str] | None = ELASTICFLOW_COLUMNS,
+) -> pl.DataFrame:
+    """Every order x placement (and each order network-free) on the case's trace, sized so that it queues."""
+    jobs = load_case(case, columns)
     gpus = sized_gpus(jobs)
     spec = load_cluster(None).resized(gpus)
     rows = []
@@ -116,7 +149,7 @@ def run_case(case: TraceCase, orders: list[str], placements: list[str], model: s
         runs = [(order, "free", SimConfig(network=False), {})]
         for pl_name in placements:
             label = order if pl_name == "consolidate" else f"{order}+{pl_name}"
-            opts = {"model": model} if (pl_name == "rl" and model) else {}
+            opts = rl_opts if pl_name == "rl" else {}
             runs.append((label, pl_name, SimConfig(network=True), opts))
         for label, pl_name, cfg, opts in runs:
             t0 = time.perf_counter()
@@ -219,20 +252,53 @@ def report(frame: pl.DataFrame) -> list[tuple[str, str, bool]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--traces", default=",".join(c.name for c in CASES))
+    ap.add_argument("--traces", help="bundled traces to run (default: every one, or none with --trace-file)")
     ap.add_argument("--role", choices=("validation", "held-apart", "selection"), help="only the traces of this role")
     ap.add_argument("--orders", default=",".join(ORDERS))
     ap.add_argument("--placements", default=",".join(PLACEMENTS))
     ap.add_argument("--model", help="rl model zip (default: the shipped one)")
+    ap.add_argument(
+        "--rl-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an option of the rl placement (repeatable), e.g. budget=0 or outlook=0.5; see its docstring",
+    )
+    ap.add_argument(
+        "--trace-file",
+        action="append",
+        default=[],
+        type=Path,
+        metavar="PATH",
+        help="also run the bar on this trace (repeatable; role 'external'; sized like the bundled ones)",
+    )
+    ap.add_argument(
+        "--columns",
+        choices=("elasticflow", "canonical"),
+        default="elasticflow",
+        help="how --trace-file names its columns: ElasticFlow's (submission_time, duration, num_gpu, job_id, "
+        "model_name) or gpufleet's canonical trace schema",
+    )
     ap.add_argument("--json", type=Path, help="also write every row here")
     args = ap.parse_args()
-    names = args.traces.split(",")
+    if args.traces:
+        names = args.traces.split(",")
+    else:
+        names = [] if args.trace_file and args.role is None else [c.name for c in CASES]
     if args.role == "selection":
         names = [c.name for c in SELECTION_CASES]
     cases = [c for c in CASES + SELECTION_CASES if c.name in names and (args.role is None or c.role == args.role)]
+    cases += [TraceCase(p.stem, "external", str(p)) for p in args.trace_file]
+    rl_opts = rl_options(args.rl_option)
+    if args.model:
+        rl_opts["model"] = args.model
+    columns = ELASTICFLOW_COLUMNS if args.columns == "elasticflow" else None
     frames, verdicts = [], []
     for case in cases:
-        frame = run_case(case, args.orders.split(","), args.placements.split(","), args.model)
+        try:
+            frame = run_case(case, args.orders.split(","), args.placements.split(","), rl_opts, columns)
+        except GpufleetError as exc:  # a bad trace file: one line that names it, no traceback
+            raise SystemExit(f"{case.name}: {exc}") from None
         frames.append(frame)
         verdicts += report(frame)
     table = Table(title="the bar (network on)", header_style="bold")
