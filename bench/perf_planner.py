@@ -151,15 +151,12 @@ def main() -> None:
         for col in ("row", "case", "stack", "layout", "error %", "GiB / GPU"):
             worst.add_column(col, justify="right" if col in ("row", "error %", "GiB / GPU") else "left")
         for r in part.filter(part["error_pct"] > 10).sort("error_pct", descending=True).iter_rows(named=True):
-            fast = r["predicted"] > r["measured"]
-            if r["metric"] == "step_time_s":
-                fast = not fast
             worst.add_row(
                 str(r["row"]),
                 r["case"],
                 r["stack"],
                 r["layout"],
-                f"{'+' if fast else '-'}{r['error_pct']:.1f}",
+                f"{r['signed_pct']:+.1f}",
                 f"{r['memory_gb']:.0f} / {r['gpu_memory_gb']:.0f}",
             )
         console.print(worst)

@@ -57,13 +57,13 @@ def test_chord_folds_evaluate_only_the_other_documents(monkeypatch) -> None:
     cases = _subset({"Narayanan et al. 2021 (Megatron-LM)", "MT-NLG 2022", "llm-foundry MPT benchmarks"})
     monkeypatch.setattr(crossval, "calibrate", lambda train, base, **_: (base, {}))
     calls: list[set[str]] = []
-    real = crossval._residuals
+    real = crossval.log_residuals
 
     def spy(cs, eff, w):
         calls.append({crossval.source_document(c) for c in cs})
         return real(cs, eff, w)
 
-    monkeypatch.setattr(crossval, "_residuals", spy)
+    monkeypatch.setattr(crossval, "log_residuals", spy)
     cv = crossval.leave_one_source_out(cases, default_efficiency(), max_nfev=3)
     fold_calls = [c for c in calls if len(c) < 3]  # the pooled fit's Jacobian sees all three; folds see two
     assert fold_calls and all(len(c) == 2 for c in fold_calls)

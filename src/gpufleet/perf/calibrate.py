@@ -19,7 +19,16 @@ from gpufleet.perf.efficiency import Efficiency
 from gpufleet.perf.ground_truth import Case
 from gpufleet.perf.validate import is_calibration, predict_case
 
-__all__ = ["FITTED", "calibrate", "fit_weights", "fitted_values", "with_values", "write_efficiency"]
+__all__ = [
+    "BOUNDS",
+    "FITTED",
+    "calibrate",
+    "fit_weights",
+    "fitted_values",
+    "log_residuals",
+    "with_values",
+    "write_efficiency",
+]
 
 #: (section, key, lower, upper) of every fitted constant; sections are dotted TOML table names. The
 #: bounds keep each constant physical: FlashAttention-2 reaches 35-70 % of peak on A100/H100 (Dao 2023),
@@ -48,6 +57,11 @@ FITTED: tuple[tuple[str, str, float, float], ...] = (
     ("stack.fsdp", "compute", 0.5, 1.5),
     ("stack.torchtitan", "compute", 0.5, 1.5),
     ("stack.torchtitan", "fp8", 0.3, 1.5),  # torchao Float8 (dynamic scaling): calibrated on its own fp8 row
+)
+#: Lower and upper bounds of the ``FITTED`` constants, in its order, as the least-squares fits take them.
+BOUNDS: tuple[np.ndarray, np.ndarray] = (
+    np.array([lo for _, _, lo, _ in FITTED]),
+    np.array([hi for _, _, _, hi in FITTED]),
 )
 
 
@@ -91,6 +105,11 @@ def fit_weights(cases: Sequence[Case]) -> np.ndarray:
     return np.array([np.sqrt(KORTHIKANTI_WEIGHT) if c.group == "Korthikanti 2022" else 1.0 for c in cases])
 
 
+def log_residuals(cases: Sequence[Case], eff: Efficiency, weights: np.ndarray) -> np.ndarray:
+    """Each case's weighted log error of the prediction under ``eff`` (what the fits minimise in least squares)."""
+    return weights * np.array([np.log(predict_case(c, eff)["predicted"] / c.target) for c in cases])
+
+
 def fitted_values(eff: Efficiency) -> np.ndarray:
     """The ``FITTED`` constants of ``eff`` in ``FITTED``'s order (a missing stack table reads as the reference, 1)."""
     data = eff.model_dump()
@@ -115,13 +134,11 @@ def calibrate(cases: Sequence[Case], base: Efficiency, *, max_nfev: int = 400) -
             base_data["stack"].setdefault(section.split(".", 1)[1], {"compute": 1.0})
     base = Efficiency.model_validate(base_data)
     x0 = np.array([_get(base_data, s, k) for s, k, _, _ in FITTED])
-    lower = np.array([lo for _, _, lo, _ in FITTED])
-    upper = np.array([hi for _, _, _, hi in FITTED])
+    lower, upper = BOUNDS
     x0 = np.clip(x0, lower + 1e-9, upper - 1e-9)
 
     def residuals(x: np.ndarray) -> np.ndarray:
-        eff = with_values(base, x)
-        return weights * np.array([np.log(predict_case(c, eff)["predicted"] / c.target) for c in chosen])
+        return log_residuals(chosen, with_values(base, x), weights)
 
     fit = least_squares(residuals, x0, bounds=(lower, upper), x_scale="jac", diff_step=1e-3, max_nfev=max_nfev)
     eff = with_values(base, fit.x)

@@ -24,11 +24,11 @@ import numpy as np
 import polars as pl
 from scipy.optimize import least_squares
 
-from gpufleet.perf.calibrate import FITTED, calibrate, fit_weights, fitted_values, with_values
+from gpufleet.perf.calibrate import BOUNDS, calibrate, fit_weights, fitted_values, log_residuals, with_values
 from gpufleet.perf.efficiency import Efficiency
 from gpufleet.perf.ground_truth import Case
 from gpufleet.perf.stacks import resolve_stack
-from gpufleet.perf.validate import predict_case, split_of
+from gpufleet.perf.validate import predict_case, signed_error_pct, split_of
 
 __all__ = ["CrossValidation", "leave_one_source_out", "source_document"]
 
@@ -98,15 +98,10 @@ def _drop_unseen_stacks(eff: Efficiency, train: Sequence[Case]) -> tuple[Efficie
     return Efficiency.model_validate(data), unseen
 
 
-def _residuals(cases: Sequence[Case], eff: Efficiency, weights: np.ndarray) -> np.ndarray:
-    return weights * np.array([np.log(predict_case(c, eff)["predicted"] / c.target) for c in cases])
-
-
 def _jacobian(cases: Sequence[Case], base: Efficiency, x: np.ndarray, weights: np.ndarray) -> np.ndarray:
     """Forward-difference Jacobian of the weighted log residuals at ``x`` (backward at an upper bound)."""
-    lower = np.array([lo for _, _, lo, _ in FITTED])
-    upper = np.array([hi for _, _, _, hi in FITTED])
-    r0 = _residuals(cases, with_values(base, x), weights)
+    lower, upper = BOUNDS
+    r0 = log_residuals(cases, with_values(base, x), weights)
     jac = np.zeros((len(cases), len(x)))
     for k in range(len(x)):
         h = 1e-3 * max(1.0, abs(x[k]))
@@ -116,7 +111,7 @@ def _jacobian(cases: Sequence[Case], base: Efficiency, x: np.ndarray, weights: n
             continue  # a constant pinned between bounds this narrow has no direction to move
         xk = x.copy()
         xk[k] += h
-        jac[:, k] = (_residuals(cases, with_values(base, xk), weights) - r0) / h
+        jac[:, k] = (log_residuals(cases, with_values(base, xk), weights) - r0) / h
     return jac
 
 
@@ -132,8 +127,7 @@ def leave_one_source_out(
     pooled = [dataclasses.replace(c, split="calibration") for c in cases]
     docs = [source_document(c) for c in pooled]
     weights = fit_weights(pooled)
-    lower = np.array([lo for _, _, lo, _ in FITTED])
-    upper = np.array([hi for _, _, _, hi in FITTED])
+    lower, upper = BOUNDS
     if not exact:
         start, _ = calibrate(pooled, base)
         x_star = fitted_values(start)
@@ -155,7 +149,7 @@ def leave_one_source_out(
             ) -> np.ndarray:
                 x = x_star.copy()
                 x[free] = z
-                return _residuals(train, with_values(start, x), w)
+                return log_residuals(train, with_values(start, x), w)
 
             fit = least_squares(
                 fold_residuals,
@@ -168,7 +162,7 @@ def leave_one_source_out(
             x[free] = fit.x
             eff = with_values(start, x)
         eff, fallback = _drop_unseen_stacks(eff, train)
-        fit_err = np.abs(np.expm1(_residuals(train, eff, np.ones(len(train))))) * 100.0
+        fit_err = np.abs(np.expm1(log_residuals(train, eff, np.ones(len(train))))) * 100.0
         folds.append(
             {
                 "document": doc,
@@ -180,9 +174,7 @@ def leave_one_source_out(
         for i in held:
             case = cases[i]
             predicted = predict_case(case, eff)["predicted"]
-            signed = (predicted - case.target) / case.target * 100.0
-            if case.target_kind == "step_time_s":
-                signed = -signed  # + = predicted faster than measured, whatever the metric
+            signed = signed_error_pct(case, predicted)
             out_rows.append(
                 {
                     "row": case.row,

@@ -19,7 +19,7 @@ from gpufleet.perf.flops import RECOMPUTE_MODES, hardware_flops_per_step, model_
 from gpufleet.perf.ground_truth import Case
 from gpufleet.perf.step import evaluate
 
-__all__ = ["error_summary", "is_calibration", "predict_case", "split_of", "validate_cases"]
+__all__ = ["error_summary", "is_calibration", "predict_case", "signed_error_pct", "split_of", "validate_cases"]
 
 #: Rows whose errors set the efficiency constants (``perf calibrate``); all others are held out.
 #: Per GPU generation and network: A100 on InfiniBand (Korthikanti, Narayanan Table 1), A100 on RoCE
@@ -119,13 +119,20 @@ def _stack_used(case: Case, eff: Efficiency) -> tuple[str, str]:
     return used, note
 
 
+def signed_error_pct(case: Case, predicted: float) -> float:
+    """The prediction's error in percent of the measurement, + when it is predicted faster than measured (a
+    throughput above, or a step time below, what was measured)."""
+    signed = (predicted - case.target) / case.target * 100.0
+    return -signed if case.target_kind == "step_time_s" else signed
+
+
 def validate_cases(cases: Sequence[Case], efficiency: Efficiency | None = None) -> pl.DataFrame:
     """One row per case: measured, predicted, absolute percentage error, split and chosen knobs."""
     rows = []
     eff = efficiency or default_efficiency()
     for case in cases:
         p = predict_case(case, eff)
-        err = abs(p["predicted"] - case.target) / case.target * 100.0
+        signed = signed_error_pct(case, p["predicted"])
         used, note = _stack_used(case, eff)
         ep = f" EP{case.ep}" if case.ep > 1 else ""
         rows.append(
@@ -142,7 +149,8 @@ def validate_cases(cases: Sequence[Case], efficiency: Efficiency | None = None) 
                 "metric": case.target_kind,
                 "measured": case.target,
                 "predicted": p["predicted"],
-                "error_pct": err,
+                "error_pct": abs(signed),
+                "signed_pct": signed,
                 "pred_mfu_pct": p["mfu"] * 100.0,
                 "memory_gb": p["memory_gb"],
                 "gpu_memory_gb": float(case.system.gpu.memory_gb),
