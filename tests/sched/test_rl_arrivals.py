@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 import pytest
+from helpers import deepshare_arrivals
 
-from gpufleet.perf.contention import DEEPSHARE_MODELS, ContentionModel
 from gpufleet.sched.candidates import N_SLOTS
 from gpufleet.sched.placement.rl import RLPlacement
 from gpufleet.sched.policy import make_policy
@@ -31,20 +31,7 @@ def _cluster(nodes: int = 4):
 
 def _jobs(rng: np.random.Generator, n: int = 40) -> pl.DataFrame:
     """Jobs of 2 to 16 GPUs with DeepShare models arriving over two hours, so that queues form and jobs spread."""
-    model = ContentionModel.default()
-    models = rng.choice(DEEPSHARE_MODELS, size=n)
-    gpus = rng.choice([2, 4, 8, 16], size=n)
-    return pl.DataFrame(
-        {
-            "job_id": [str(i) for i in range(n)],
-            "submit_s": np.sort(rng.uniform(0, 2 * 3600, size=n)),
-            "duration_s": [
-                model.duration_s(m, int(min(g, 8))) * rng.uniform(0.5, 2) for m, g in zip(models, gpus, strict=True)
-            ],
-            "num_gpus": gpus,
-            "model": models,
-        }
-    )
+    return deepshare_arrivals(rng, n, hours=2)
 
 
 def _build(order: str = "srtf", **opts):

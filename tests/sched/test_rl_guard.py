@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 import pytest
+from helpers import deepshare_arrivals
 
-from gpufleet.perf.contention import DEEPSHARE_MODELS, ContentionModel
 from gpufleet.sched.placement import rl as rl_mod
 from gpufleet.sched.placement.rl import ANCHOR, guarded_mask, wait_budget
 from gpufleet.sched.policy import make_policy, make_scheduler
@@ -40,22 +40,8 @@ def _cluster(nodes: int = 6):
 
 
 def _jobs(n: int = 60, seed: int = 3) -> pl.DataFrame:
-    """Jobs of 2 to 16 GPUs with DeepShare models arriving over a few hours, so that queues form and jobs spread."""
-    rng = np.random.default_rng(seed)
-    model = ContentionModel.default()
-    models = rng.choice(DEEPSHARE_MODELS, size=n)
-    gpus = rng.choice([2, 4, 8, 16], size=n)
-    return pl.DataFrame(
-        {
-            "job_id": [str(i) for i in range(n)],
-            "submit_s": np.sort(rng.uniform(0, 4 * 3600, size=n)),
-            "duration_s": [
-                model.duration_s(m, int(min(g, 8))) * rng.uniform(0.5, 2) for m, g in zip(models, gpus, strict=True)
-            ],
-            "num_gpus": gpus,
-            "model": models,
-        }
-    )
+    """Jobs of 2 to 16 GPUs with DeepShare models arriving over four hours, so that queues form and jobs spread."""
+    return deepshare_arrivals(np.random.default_rng(seed), n, hours=4)
 
 
 def _run(label: str, placement_opts: dict | None = None, decider=None):

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 
+from gpufleet.perf.contention import DEEPSHARE_MODELS, ContentionModel
 from gpufleet.sched.policy import make_policy
 from gpufleet.sim.config import SimConfig
 from gpufleet.sim.engine import Simulator
@@ -41,3 +43,22 @@ def simulate(
 
 def finish_times(result: SimResult) -> list[float]:
     return result.jobs.sort("job_id")["finish_s"].to_list()
+
+
+def deepshare_arrivals(rng: np.random.Generator, n: int, hours: float) -> pl.DataFrame:
+    """``n`` jobs of 2 to 16 GPUs with DeepShare models arriving over ``hours``, so that queues form and jobs
+    spread over nodes (about 0.5 to 2 x each model's measured duration)."""
+    model = ContentionModel.default()
+    models = rng.choice(DEEPSHARE_MODELS, size=n)
+    gpus = rng.choice([2, 4, 8, 16], size=n)
+    return pl.DataFrame(
+        {
+            "job_id": [str(i) for i in range(n)],
+            "submit_s": np.sort(rng.uniform(0, hours * 3600, size=n)),
+            "duration_s": [
+                model.duration_s(m, int(min(g, 8))) * rng.uniform(0.5, 2) for m, g in zip(models, gpus, strict=True)
+            ],
+            "num_gpus": gpus,
+            "model": models,
+        }
+    )
