@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 import pytest
 from trace_builder import Fault, JobShape, write_job
 
 from gpufleet.diagnose.analyzer import TraceAnalyzer
 from gpufleet.diagnose.kineto import read_folder
-from gpufleet.diagnose.localize import Thresholds
+from gpufleet.diagnose.localize import Thresholds, rank_excesses
 from gpufleet.errors import DiagnoseError
 
 KINETO = Path(__file__).resolve().parents[1] / "data" / "kineto"  # HTA's test traces (MIT), see ATTRIBUTION.md
@@ -142,3 +143,20 @@ def test_a_blocking_wait_in_which_the_collective_ends_is_all_waiting():
     # the section holds ops, so the rule does not apply to it: of its 160 us of self time (50-60, 90-150, 260-350
     # us) it waits for the part the collective in flight (100-200 us) covers outside its children (100-150 us)
     assert wait["gpufleet::allreduce"] == 50_000 and own["gpufleet::allreduce"] == 110_000
+
+
+def test_rank_excesses_finds_the_slow_rank_against_the_others_median():
+    values = np.array([1.0, 1.02, 0.98, 1.01, 1.6])
+    hits = rank_excesses(values, floor=0.01)
+    assert [h.index for h in hits] == [4]
+    hit = hits[0]
+    assert hit.others == pytest.approx(np.median([1.0, 1.02, 0.98, 1.01]))
+    assert hit.cost == pytest.approx(1.6 - hit.others)
+    assert hit.score >= 2.0
+
+
+def test_rank_excesses_floor_and_fast_ranks_raise_nothing():
+    spread = np.array([1.0, 1.02, 0.98, 1.01, 1.06])
+    assert [h.index for h in rank_excesses(spread, floor=1e-6)] == [4]  # small spread: 1.06 stands out
+    assert rank_excesses(spread, floor=0.1) == []  # a noise floor above the excess hides it
+    assert rank_excesses(np.array([1.0, 1.0, 1.0, 0.2]), floor=0.01) == []  # a fast rank is no excess

@@ -134,6 +134,35 @@ def robust_z(values: np.ndarray, floor: float) -> np.ndarray:
     return (values - med) / scale
 
 
+@dataclass(frozen=True)
+class RankExcess:
+    """One rank that spends more than the other ranks: its value, the others' median, the excess and its score."""
+
+    index: int
+    value: float
+    others: float
+    cost: float
+    score: float
+
+
+def rank_excesses(values: np.ndarray, floor: float, min_score: float = 2.0) -> list[RankExcess]:
+    """The ranks whose value exceeds the median of the *other* ranks by a robust score of at least ``min_score``.
+
+    The scale is max(1.4826 MAD of all ranks, ``floor``), as in :func:`robust_z`; the cost is measured against the
+    others' median so that the slow rank is not compared with itself. Cross-rank localisers share this test.
+    """
+    med = float(np.median(values))
+    scale = max(MAD_TO_SIGMA * float(np.median(np.abs(values - med))), floor, 1e-12)
+    hits = []
+    for i, value in enumerate(values):
+        others = float(np.median(np.delete(values, i)))
+        cost = float(value) - others
+        score = cost / scale
+        if score >= min_score and cost > 0:
+            hits.append(RankExcess(i, float(value), others, cost, score))
+    return hits
+
+
 def steady_share(rows: pl.DataFrame, rank: int, cost: float) -> float:
     """Share of steps in which ``rank`` spends at least half of ``cost`` more than the other ranks' median that step.
 

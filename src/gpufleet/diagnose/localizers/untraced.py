@@ -13,7 +13,14 @@ import numpy as np
 import polars as pl
 
 from gpufleet.diagnose.findings import Finding
-from gpufleet.diagnose.localize import MAD_TO_SIGMA, Localiser, LocaliserContext, alarm, localiser, steady_share
+from gpufleet.diagnose.localize import (
+    Localiser,
+    LocaliserContext,
+    alarm,
+    localiser,
+    rank_excesses,
+    steady_share,
+)
 from gpufleet.diagnose.localizers.cross_rank import delays_others
 from gpufleet.diagnose.summary import STEP_END, STEP_START, UNTRACED
 from gpufleet.diagnose.victims import Slack
@@ -46,14 +53,8 @@ class Untraced(Localiser):
         for (category, function), group in steady.group_by("category", "function"):
             mine = dict(zip(group["rank"].to_list(), group["time_s"].to_list(), strict=True))
             values = np.array([mine.get(r, 0.0) for r in ranks])
-            med = float(np.median(values))
-            scale = max(MAD_TO_SIGMA * float(np.median(np.abs(values - med))), floor, 1e-12)
-            for i, rank in enumerate(ranks):
-                others = float(np.median(np.delete(values, i)))
-                cost = float(values[i]) - others
-                score = cost / scale
-                if score < 2.0 or cost <= 0:
-                    continue
+            for hit in rank_excesses(values, floor):
+                rank, cost, score = ranks[hit.index], hit.cost, hit.score
                 victims = slack.evidence(rank, exclude=pl.col("function") == function)
                 step_rows = ctx.steps.filter((pl.col("domain") == "host") & (pl.col("function") == function))
                 steady = steady_share(step_rows, rank, cost)
@@ -67,8 +68,8 @@ class Untraced(Localiser):
                         evidence={
                             "position": _position(str(function)),
                             "steps_with_excess": round(steady, 3),
-                            "this_rank_s_per_step": round(float(values[i]), 6),
-                            "median_rank_s_per_step": round(others, 6),
+                            "this_rank_s_per_step": round(hit.value, 6),
+                            "median_rank_s_per_step": round(hit.others, 6),
                             **victims,
                         },
                         localiser=self.name,
