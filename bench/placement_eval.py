@@ -18,6 +18,10 @@ Trace roles were fixed before any rl setting was chosen (docs/contention.md):
   10,000 jobs inside the training ranges (jobs 0-9,999, 10,000-19,999, 30,000-39,999, 50,000-59,999 and
   70,000-79,999). The wait rule has no weights, so the model's training data can serve to choose the rule; these
   widen what selection sees beyond the two validation traces. They run only with ``--role selection``.
+- selection-small (issue 24, fourth session; fixed before any result on them was looked at): ten Philly windows of
+  1,000 jobs inside the training ranges (starting at jobs 2,000, 7,000, 12,000, 17,000, 32,000, 37,000, 52,000,
+  57,000, 72,000 and 77,000), sized by the same rule, so that selection sees clusters of a few nodes too. They run
+  only with ``--role selection-small``.
 
 Each cluster is the default cluster resized so that the trace offers 90 % of its GPUs' time over its arrival
 window (at least the largest job), so that queues form.
@@ -25,6 +29,7 @@ window (at least the largest job), so that queues form.
     python bench/placement_eval.py                      # every trace
     python bench/placement_eval.py --role validation     # what selection may look at
     python bench/placement_eval.py --role selection      # the training windows selection may also look at
+    python bench/placement_eval.py --role selection-small   # small training windows (a few nodes)
     python bench/placement_eval.py --traces ef02 --orders srtf --placements consolidate,rl
     python bench/placement_eval.py --trace-file my_cluster.csv --columns elasticflow   # the bar on your own trace
     python bench/placement_eval.py --role validation --rl-option budget=0 --rl-option outlook=0.5
@@ -88,6 +93,13 @@ EVAL_WINDOWS = tuple((c.start, c.start + c.jobs) for c in CASES if c.source == "
 #: Philly windows inside the training ranges on which the wait rule may also be chosen (not in the default run).
 SELECTION_CASES = tuple(
     TraceCase(f"philly-{k}k-sel", "selection", "philly", 1000 * k, 10_000) for k in (0, 10, 30, 50, 70)
+)
+#: Small Philly windows (1,000 jobs) inside the training ranges, sized by the same rule, so that selection also sees
+#: clusters of a few nodes (issue 24, fourth session; fixed before any result on them was looked at). Run only with
+#: ``--role selection-small``.
+SMALL_CASES = tuple(
+    TraceCase(f"philly-{k}k-small", "selection-small", "philly", 1000 * k, 1_000)
+    for k in (2, 7, 12, 17, 32, 37, 52, 57, 72, 77)
 )
 
 
@@ -253,7 +265,11 @@ def report(frame: pl.DataFrame) -> list[tuple[str, str, bool]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--traces", help="bundled traces to run (default: every one, or none with --trace-file)")
-    ap.add_argument("--role", choices=("validation", "held-apart", "selection"), help="only the traces of this role")
+    ap.add_argument(
+        "--role",
+        choices=("validation", "held-apart", "selection", "selection-small"),
+        help="only the traces of this role",
+    )
     ap.add_argument("--orders", default=",".join(ORDERS))
     ap.add_argument("--placements", default=",".join(PLACEMENTS))
     ap.add_argument("--model", help="rl model zip (default: the shipped one)")
@@ -287,7 +303,10 @@ def main() -> None:
         names = [] if args.trace_file and args.role is None else [c.name for c in CASES]
     if args.role == "selection":
         names = [c.name for c in SELECTION_CASES]
-    cases = [c for c in CASES + SELECTION_CASES if c.name in names and (args.role is None or c.role == args.role)]
+    if args.role == "selection-small":
+        names = [c.name for c in SMALL_CASES]
+    known = CASES + SELECTION_CASES + SMALL_CASES
+    cases = [c for c in known if c.name in names and (args.role is None or c.role == args.role)]
     cases += [TraceCase(p.stem, "external", str(p)) for p in args.trace_file]
     rl_opts = rl_options(args.rl_option)
     if args.model:
