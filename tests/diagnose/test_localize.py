@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -160,3 +161,13 @@ def test_rank_excesses_floor_and_fast_ranks_raise_nothing():
     assert [h.index for h in rank_excesses(spread, floor=1e-6)] == [4]  # small spread: 1.06 stands out
     assert rank_excesses(spread, floor=0.1) == []  # a noise floor above the excess hides it
     assert rank_excesses(np.array([1.0, 1.0, 1.0, 0.2]), floor=0.01) == []  # a fast rank is no excess
+
+
+def test_functions_of_equal_time_are_listed_by_name(tmp_path):
+    """.item() and its child op take the same time: the evidence lists them by name, the same on every run."""
+    write_job(tmp_path, JobShape(ranks=5, steps=8, seed=2, faults=[Fault("sync", 2)]))
+    finding = next(f for f in TraceAnalyzer(tmp_path).diagnose().findings if f.localiser == "extra-calls")
+    listed = [(-e["excess_s_per_step"], e["function"]) for e in finding.evidence["extra_functions"]]
+    ties = [(a, b) for a, b in pairwise(listed) if a[0] == b[0]]
+    assert ties, "the job has functions of equal time"
+    assert all(a[1] < b[1] for a, b in ties)

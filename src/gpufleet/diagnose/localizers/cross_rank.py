@@ -35,14 +35,15 @@ def _top_functions(sites: pl.DataFrame, ranks: list[int], rank: int, k: int = 3)
     excess = (
         full.filter(pl.col("rank") == rank)
         .join(others, on="function")
-        .with_columns((pl.col("time_s") - pl.col("others")).alias("excess"))
+        # to the nanosecond: sums that group_by adds in another order must not reorder ties from run to run
+        .with_columns((pl.col("time_s") - pl.col("others")).round(9).alias("excess"))
         .sort(["excess", "function"], descending=[True, False])
         .head(k)
     )
     return [
         {
             "function": r["function"],
-            "excess_s_per_step": round(r["excess"], 6),
+            "excess_s_per_step": round(r["excess"], 6) + 0.0,  # no -0.0
             "this_rank_s_per_step": round(r["time_s"], 6),
             "calls_per_step": int(r["sites"]),
         }

@@ -85,7 +85,7 @@ class CrossStep(Localiser):
             function = "<untraced host time>"
             if category != CPU_STALL:
                 mine = host.filter(pl.col("rank") == rank).group_by("function").agg(pl.col("time_s").sum())
-                function = str(mine.sort("time_s", descending=True)["function"][0])
+                function = str(mine.sort(["time_s", "function"], descending=[True, False])["function"][0])
             findings.append(
                 Finding(
                     rank=int(rank),

@@ -51,7 +51,9 @@ class ExtraCalls(Localiser):
         for (rank,), group in extra.group_by("rank"):
             cost = float((group["time_s"] - group["median_time"]).clip(lower_bound=0).sum())
             syncs = group.filter(pl.col("category") == SYNC)
-            category = SYNC if syncs.height else group.sort("time_s", descending=True)["category"][0]
+            category = (
+                SYNC if syncs.height else group.sort(["time_s", "function"], descending=[True, False])["category"][0]
+            )
             pool = syncs if syncs.height else group  # ties in calls (.item() and its child) go by name: same every run
             lead = pool.sort(["calls", "function"], descending=[True, False]).row(0, named=True)
             n_others = max(int(ctx.n_ranks) - 1, 1)
@@ -78,7 +80,9 @@ class ExtraCalls(Localiser):
                                 "median_calls_per_step": round(r["median_calls"], 2),
                                 "excess_s_per_step": round(r["time_s"] - r["median_time"], 6),
                             }
-                            for r in group.sort("time_s", descending=True).head(6).iter_rows(named=True)
+                            for r in group.sort(["time_s", "function"], descending=[True, False])
+                            .head(6)
+                            .iter_rows(named=True)
                         ],
                     },
                     localiser=self.name,

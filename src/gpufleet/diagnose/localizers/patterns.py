@@ -39,7 +39,7 @@ class ExpectedPatterns(Localiser):
                 host.filter(pl.col("category") == category)
                 .group_by("function")
                 .agg(pl.col("time_s").mean())
-                .sort("time_s", descending=True)
+                .sort(["time_s", "function"], descending=[True, False])
             )
             findings.append(
                 Finding(
