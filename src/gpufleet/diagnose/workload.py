@@ -21,7 +21,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.profiler import ProfilerActivity, record_function, schedule
+from torch.profiler import record_function
 from torch.utils.data import DataLoader
 
 from gpufleet.diagnose import faults
@@ -39,14 +38,14 @@ from gpufleet.diagnose.workload_parts import (
     Block,
     Hung,
     MomentumSGD,
-    Profile,
     SlowCollate,
     SyntheticTokens,
     TinyLM,
+    arm_hang,
     export_trace,
     free_port,
-    ground_truth,
-    init_dist,
+    rank_profiler,
+    start_rank,
     throttled,
 )
 from gpufleet.errors import DiagnoseError
@@ -189,36 +188,14 @@ def _build(args: argparse.Namespace, fault: Fault, rank: int, dev: torch.device)
 def train(args: argparse.Namespace) -> int:
     """Run the workload on this rank; returns the process exit status."""
     torch.set_num_threads(1)
-    fault = parse_fault(args.fault)
-    if fault.kind == "hang" and (args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())):
-        os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")  # wait() raises on timeout instead of aborting
-    rank, world, dev = init_dist(args.device, args.timeout)
-    fault = parse_fault(args.fault, world)
-    if fault.kind == "hang" and fault.magnitude < 0:
-        fault = Fault("hang", fault.rank, args.hang_timeout + 2.0)
-    total = args.wait + args.warmup + args.steps
-    hang_step = args.hang_step if args.hang_step is not None else args.wait + args.warmup + args.steps // 2
-    pause_steps = [i for i in range(total) if (i + 1) % args.pause_every == 0]
-    out: Path = args.out
-    out.mkdir(parents=True, exist_ok=True)
-    if rank == 0:
-        truth = ground_truth(args, fault, world, pause_steps, hang_step)
-        (out / "fault.json").write_text(json.dumps(truth, indent=2) + "\n")
+    run = start_rank(args)
+    fault, rank, world, dev, out = run.fault, run.rank, run.world, run.dev, run.out
+    total, hang_step, pause_steps = run.total, run.hang_step, run.pause_steps
     model, opt, buckets, loader = _build(args, fault, rank, dev)
-    if fault.kind == "hang":  # start together, then let the stuck collective time out quickly
-        dist.barrier()
-        if hasattr(dist.distributed_c10d, "_set_pg_timeout"):
-            dist.distributed_c10d._set_pg_timeout(timedelta(seconds=args.hang_timeout))
+    arm_hang(args, fault)
     comm_delay = fault.magnitude if fault.on(rank, "slow-collective") else 0.0
     mon = StepMonitor(every=args.timings_every, out=args.timings) if args.timings is not None else None
-    trace_path = out / f"rank-{rank}.json.gz"
-    prof = Profile(
-        activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else []),
-        schedule=schedule(wait=args.wait, warmup=args.warmup, active=args.steps, repeat=1),
-        on_trace_ready=lambda p: export_trace(p, trace_path),
-        record_shapes=False,
-        with_stack=False,
-    )
+    prof = rank_profiler(args, run)
     step_s: list[float] = []
     mon_s: list[float] = []
     if not args.no_profile:

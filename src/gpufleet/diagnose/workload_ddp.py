@@ -15,8 +15,6 @@ import json
 import os
 import sys
 import time
-from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -24,21 +22,20 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.profiler import ProfilerActivity, record_function, schedule
+from torch.profiler import record_function
 from torch.utils.data import DataLoader, Dataset
 
 from gpufleet.diagnose import faults
-from gpufleet.diagnose.faults import Fault, parse_fault
+from gpufleet.diagnose.faults import Fault
 from gpufleet.diagnose.workload_parts import (
     Hung,
     MomentumSGD,
-    Profile,
     SlowCollate,
     SyntheticTokens,
     TinyLM,
-    export_trace,
-    ground_truth,
-    init_dist,
+    arm_hang,
+    rank_profiler,
+    start_rank,
     throttled,
 )
 
@@ -150,20 +147,9 @@ def _delayed_allreduce(state, bucket):  # DDP refuses a hook whose annotations i
 def train_ddp(args: argparse.Namespace) -> int:
     """Run a DDP family on this rank (see the module docstring); returns the process exit status."""
     torch.set_num_threads(1)
-    fault = parse_fault(args.fault)
-    rank, world, dev = init_dist(args.device, args.timeout)
-    fault = parse_fault(args.fault, world)
-    if fault.kind == "hang" and fault.magnitude < 0:
-        fault = Fault("hang", fault.rank, args.hang_timeout + 2.0)
-    total = args.wait + args.warmup + args.steps
-    hang_step = args.hang_step if args.hang_step is not None else args.wait + args.warmup + args.steps // 2
-    pause_steps = [i for i in range(total) if (i + 1) % args.pause_every == 0]
-    out: Path = args.out
-    out.mkdir(parents=True, exist_ok=True)
-    if rank == 0:
-        (out / "fault.json").write_text(
-            json.dumps(ground_truth(args, fault, world, pause_steps, hang_step), indent=2) + "\n"
-        )
+    run = start_rank(args)
+    fault, rank, world, dev, out = run.fault, run.rank, run.world, run.dev, run.out
+    total, hang_step, pause_steps = run.total, run.hang_step, run.pause_steps
     model, data, loss_fn = _model(args, fault, rank)
     ddp = DistributedDataParallel(model.to(dev), bucket_cap_mb=args.bucket_mb)
     hook = _HookState(fault.magnitude if fault.on(rank, "slow-collective") else 0.0, world)
@@ -173,18 +159,8 @@ def train_ddp(args: argparse.Namespace) -> int:
     delay = fault.magnitude * max(args.workers, 1) if fault.on(rank, "slow-data") else 0.0  # per batch per worker
     loader = DataLoader(data, batch_size=args.batch, num_workers=args.workers, collate_fn=SlowCollate(delay))
     micro = args.accum if args.family == "lm-accum" else 1
-    if fault.kind == "hang":
-        dist.barrier()
-        if hasattr(dist.distributed_c10d, "_set_pg_timeout"):
-            dist.distributed_c10d._set_pg_timeout(timedelta(seconds=args.hang_timeout))
-    trace_path = out / f"rank-{rank}.json.gz"
-    prof = Profile(
-        activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else []),
-        schedule=schedule(wait=args.wait, warmup=args.warmup, active=args.steps, repeat=1),
-        on_trace_ready=lambda p: export_trace(p, trace_path),
-        record_shapes=False,
-        with_stack=False,
-    )
+    arm_hang(args, fault)
+    prof = rank_profiler(args, run)
     step_s: list[float] = []
     prof.start()
     try:

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import json
 import os
 import socket
 import sys
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -21,11 +23,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.profiler import profile
+from torch.profiler import ProfilerActivity, profile, schedule
 from torch.utils.data import Dataset, default_collate
 
 from gpufleet.diagnose import faults
-from gpufleet.diagnose.faults import Fault
+from gpufleet.diagnose.faults import Fault, parse_fault
 from gpufleet.errors import ConfigError
 
 __all__ = [
@@ -287,6 +289,65 @@ def ground_truth(args: argparse.Namespace, fault: Fault, world: int, pauses: lis
         "timeout_s": args.hang_timeout if fault.kind == "hang" else args.timeout,
         "magnitude_means": faults.FAULTS[fault.kind][2] if fault.kind in faults.FAULTS else "no fault",
     }
+
+
+@dataclass(frozen=True)
+class RankRun:
+    """What every family's training loop starts from on one rank: its fault, place in the group and step plan."""
+
+    fault: Fault
+    rank: int
+    world: int
+    dev: torch.device
+    total: int  # steps run: wait + warmup + profiled
+    hang_step: int
+    pause_steps: list[int]
+    out: Path
+
+
+def start_rank(args: argparse.Namespace) -> RankRun:
+    """Join the process group, resolve the fault for this world size, and (rank 0) write ``fault.json``.
+
+    A hang on NCCL needs blocking waits so that the stuck collective raises on timeout instead of aborting the
+    process before its trace is written; this is set before the group is made, for every family.
+    """
+    fault = parse_fault(args.fault)
+    if fault.kind == "hang" and (args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())):
+        os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")  # wait() raises on timeout instead of aborting
+    rank, world, dev = init_dist(args.device, args.timeout)
+    fault = parse_fault(args.fault, world)
+    if fault.kind == "hang" and fault.magnitude < 0:
+        fault = Fault("hang", fault.rank, args.hang_timeout + 2.0)
+    total = args.wait + args.warmup + args.steps
+    hang_step = args.hang_step if args.hang_step is not None else args.wait + args.warmup + args.steps // 2
+    pause_steps = [i for i in range(total) if (i + 1) % args.pause_every == 0]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if rank == 0:
+        truth = ground_truth(args, fault, world, pause_steps, hang_step)
+        (out / "fault.json").write_text(json.dumps(truth, indent=2) + "\n")
+    return RankRun(fault, rank, world, dev, total, hang_step, pause_steps, out)
+
+
+def arm_hang(args: argparse.Namespace, fault: Fault) -> None:
+    """For a hang fault: start together, then let the stuck collective time out after ``--hang-timeout``."""
+    if fault.kind != "hang":
+        return
+    dist.barrier()
+    if hasattr(dist.distributed_c10d, "_set_pg_timeout"):
+        dist.distributed_c10d._set_pg_timeout(timedelta(seconds=args.hang_timeout))
+
+
+def rank_profiler(args: argparse.Namespace, run: RankRun) -> Profile:
+    """The profiler of one rank: CPU (and CUDA on a GPU) over the profiled steps, exported to ``rank-{r}.json.gz``."""
+    trace_path = run.out / f"rank-{run.rank}.json.gz"
+    return Profile(
+        activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if run.dev.type == "cuda" else []),
+        schedule=schedule(wait=args.wait, warmup=args.warmup, active=args.steps, repeat=1),
+        on_trace_ready=lambda p: export_trace(p, trace_path),
+        record_shapes=False,
+        with_stack=False,
+    )
 
 
 def free_port() -> int:
