@@ -21,7 +21,12 @@ Trace roles were fixed before any rl setting was chosen (docs/contention.md):
 - selection-small (issue 24, fourth session; fixed before any result on them was looked at): ten Philly windows of
   1,000 jobs inside the training ranges (starting at jobs 2,000, 7,000, 12,000, 17,000, 32,000, 37,000, 52,000,
   57,000, 72,000 and 77,000), sized by the same rule, so that selection sees clusters of a few nodes too. They run
-  only with ``--role selection-small``.
+  only with ``--role selection-small``. Sized by the rule they came out at 160-952 GPUs (dense in time), not the
+  few nodes they were meant for, so:
+- selection-thin (issue 24, fourth session; fixed before any result on them was looked at, after only their sizes
+  had been computed): every 10th job (1,000 jobs) and every 20th from the 5th (500 jobs) of the 10,000-job Philly
+  ranges at 0k, 10k, 30k, 50k and 70k (training ranges), sized by the same rule: 16-80 GPUs. They run only with
+  ``--role selection-thin``.
 
 Each cluster is the default cluster resized so that the trace offers 90 % of its GPUs' time over its arrival
 window (at least the largest job), so that queues form.
@@ -29,7 +34,8 @@ window (at least the largest job), so that queues form.
     python bench/placement_eval.py                      # every trace
     python bench/placement_eval.py --role validation     # what selection may look at
     python bench/placement_eval.py --role selection      # the training windows selection may also look at
-    python bench/placement_eval.py --role selection-small   # small training windows (a few nodes)
+    python bench/placement_eval.py --role selection-small   # 1,000-job training windows
+    python bench/placement_eval.py --role selection-thin    # thinned training windows (clusters of a few nodes)
     python bench/placement_eval.py --traces ef02 --orders srtf --placements consolidate,rl
     python bench/placement_eval.py --trace-file my_cluster.csv --columns elasticflow   # the bar on your own trace
     python bench/placement_eval.py --role validation --rl-option budget=0 --rl-option outlook=0.5
@@ -78,6 +84,8 @@ class TraceCase:
     source: str  # "philly", a bundled ElasticFlow file name, or a path (role "external")
     start: int = 0  # Philly window: first job (in submit order) and job count
     jobs: int = 0
+    stride: int = 1  # Philly window thinned to every stride-th job of the window, from its offset-th
+    offset: int = 0
 
 
 CASES = (
@@ -101,6 +109,15 @@ SMALL_CASES = tuple(
     TraceCase(f"philly-{k}k-small", "selection-small", "philly", 1000 * k, 1_000)
     for k in (2, 7, 12, 17, 32, 37, 52, 57, 72, 77)
 )
+#: Thinned Philly windows inside the training ranges: every 10th job (1,000 jobs) and every 20th from the 5th (500
+#: jobs) of the 10,000-job ranges at 0k, 10k, 30k, 50k and 70k, sized by the same rule: 16-80 GPUs, clusters of 2-10
+#: nodes (the 1,000-job windows above, dense in time, come out at 160-952 GPUs). Issue 24, fourth session; fixed
+#: before any result on them was looked at. Run only with ``--role selection-thin``.
+THIN_CASES = tuple(
+    TraceCase(f"philly-{k}k-thin{stride}", "selection-thin", "philly", 1000 * k, 10_000, stride, offset)
+    for k in (0, 10, 30, 50, 70)
+    for stride, offset in ((10, 0), (20, 5))
+)
 
 
 def load_case(case: TraceCase, columns: dict[str, str] | None = ELASTICFLOW_COLUMNS) -> pl.DataFrame:
@@ -108,6 +125,7 @@ def load_case(case: TraceCase, columns: dict[str, str] | None = ELASTICFLOW_COLU
     An external case is read from its path with ``columns`` (None: the trace's own canonical columns)."""
     if case.source == "philly":
         jobs = load_trace("philly").jobs.sort("submit_s").slice(case.start, case.jobs)
+        jobs = jobs.gather_every(case.stride, case.offset) if case.stride > 1 else jobs
         jobs = jobs.with_columns(pl.col("submit_s") - pl.col("submit_s").min())
     elif case.role == "external":
         jobs = load_trace(case.source, columns=columns).jobs
@@ -267,7 +285,7 @@ def main() -> None:
     ap.add_argument("--traces", help="bundled traces to run (default: every one, or none with --trace-file)")
     ap.add_argument(
         "--role",
-        choices=("validation", "held-apart", "selection", "selection-small"),
+        choices=("validation", "held-apart", "selection", "selection-small", "selection-thin"),
         help="only the traces of this role",
     )
     ap.add_argument("--orders", default=",".join(ORDERS))
@@ -305,7 +323,9 @@ def main() -> None:
         names = [c.name for c in SELECTION_CASES]
     if args.role == "selection-small":
         names = [c.name for c in SMALL_CASES]
-    known = CASES + SELECTION_CASES + SMALL_CASES
+    if args.role == "selection-thin":
+        names = [c.name for c in THIN_CASES]
+    known = CASES + SELECTION_CASES + SMALL_CASES + THIN_CASES
     cases = [c for c in known if c.name in names and (args.role is None or c.role == args.role)]
     cases += [TraceCase(p.stem, "external", str(p)) for p in args.trace_file]
     rl_opts = rl_options(args.rl_option)

@@ -21,6 +21,7 @@ import argparse
 import json
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,7 @@ from gpufleet.sim.run import RunSpec, run_one
 from gpufleet.sim.workload import Workload, partitions_for
 from gpufleet.spec import load_cluster
 from gpufleet.traces import load_trace
-from placement_eval import CASES, EVAL_WINDOWS, load_case, sized_gpus
+from placement_eval import CASES, EVAL_WINDOWS, SELECTION_CASES, SMALL_CASES, THIN_CASES, load_case, sized_gpus
 
 ORDERS = ("srtf", "las", "tiresias", "fifo", "sjf")
 MIXES = ("heavy", "medium", "light", "random", "equal")
@@ -123,53 +124,128 @@ def train(args: argparse.Namespace) -> None:
     print(json.dumps(summary, indent=1))
 
 
-# -- selection on the validation traces only ------------------------------------------------------------------
+# -- selection on the validation (+ selection) traces only -------------------------------------------------------
+#: What selection may look at: every case of these roles (never held-apart or external traces).
+SELECT_ROLES = ("validation", "selection", "selection-small", "selection-thin")
+
+
 def _run(jobs: pl.DataFrame, spec: Any, label: str, network: bool, opts: dict) -> dict:
+    t0 = time.perf_counter()
     s = run_one(RunSpec(label, jobs, spec, SimConfig(network=network), placement_opts=opts)).summary
     if s["finished"] < s["jobs"]:
         raise SystemExit(f"{label}: finished {s['finished']} of {s['jobs']} jobs")
-    return {"avg": float(s["avg_jct_s"]), "p99": float(s["p99_jct_s"])}
+    return {"avg": float(s["avg_jct_s"]), "p99": float(s["p99_jct_s"]), "s": time.perf_counter() - t0}
 
 
-def validate(variants: dict[str, dict], orders: list[str], cache: Path) -> pl.DataFrame:
-    """Each variant (rl placement options) against consolidate under every order, on the validation traces."""
-    base = json.loads(cache.read_text()) if cache.is_file() else {}
+def _cell(task: tuple[str, str, str, bool, dict]) -> tuple[str, dict]:
+    """One run of a selection cell (a process-pool task): (cache key, its figures)."""
+    name, order, placement, network, opts = task
+    case = next(c for c in CASES + SELECTION_CASES + SMALL_CASES + THIN_CASES if c.name == name)
+    jobs = load_case(case)
+    spec = load_cluster(None).resized(sized_gpus(jobs))
+    label = order if placement == "consolidate" else f"{order}+{placement}"
+    return _key(name, order, placement, network, opts), {
+        **_run(jobs, spec, label, network, opts),
+        "gpus": sized_gpus(jobs),
+    }
+
+
+def _key(name: str, order: str, placement: str, network: bool, opts: dict) -> str:
+    return f"{name}/{order}/{placement}/{'net' if network else 'free'}/{json.dumps(opts, sort_keys=True)}"
+
+
+def validate(
+    variants: dict[str, dict], orders: list[str], cache: Path, roles: tuple[str, ...] = ("validation",), jobs: int = 1
+) -> pl.DataFrame:
+    """Each variant (rl placement options) against consolidate and contention under every order, on the cases of
+    ``roles`` (validation and selection only); every run is cached in ``cache`` by trace, order, placement and
+    options, so that a variant judged once is never run again."""
+    bad = set(roles) - set(SELECT_ROLES)
+    if bad:
+        raise SystemExit(f"selection may not look at {', '.join(sorted(bad))}")
+    done = json.loads(cache.read_text()) if cache.is_file() else {}
+    cases = [c for c in CASES + SELECTION_CASES + SMALL_CASES + THIN_CASES if c.role in roles]
+    tasks = [(c.name, o, "consolidate", False, {}) for c in cases for o in orders]
+    tasks += [
+        (c.name, o, pl_name, True, {}) for c in cases for o in orders for pl_name in ("consolidate", "contention")
+    ]
+    tasks += [(c.name, o, "rl", True, opts) for opts in variants.values() for c in cases for o in orders]
+    todo = list({_key(*t): t for t in tasks if _key(*t) not in done}.values())
+    console.log(f"{len(todo)} runs to do, {len(tasks) - len(todo)} cached")
+    with ProcessPoolExecutor(max_workers=jobs) if jobs > 1 else _Serial() as pool:
+        for key, res in pool.map(_cell, todo):
+            done[key] = res
+            cache.write_text(json.dumps(done))
+            console.log(f"{key}: avg {res['avg']:,.0f} p99 {res['p99']:,.0f} ({res['s']:.0f} s)")
     rows = []
-    for case in (c for c in CASES if c.role == "validation"):
-        jobs = load_case(case)
-        spec = load_cluster(None).resized(sized_gpus(jobs))
-        for order in orders:
-            key = f"{case.name}/{order}"
-            if key not in base:
-                base[key] = _run(jobs, spec, order, True, {})
-                cache.write_text(json.dumps(base))
-            for name, opts in variants.items():
-                t0 = time.perf_counter()
-                r = _run(jobs, spec, f"{order}+rl", True, opts)
+    for name, opts in variants.items():
+        for c in cases:
+            for o in orders:
+                cons, cont = (
+                    done[_key(c.name, o, "consolidate", True, {})],
+                    done[_key(c.name, o, "contention", True, {})],
+                )
+                free, rl = done[_key(c.name, o, "consolidate", False, {})], done[_key(c.name, o, "rl", True, opts)]
                 rows.append(
                     {
                         "variant": name,
-                        "trace": case.name,
-                        "order": order,
-                        "avg_ratio": r["avg"] / base[key]["avg"],
-                        "p99_ratio": r["p99"] / base[key]["p99"],
-                        "s": time.perf_counter() - t0,
+                        "trace": c.name,
+                        "role": c.role,
+                        "gpus": cons["gpus"],
+                        "order": o,
+                        "free": free["avg"],
+                        "cons": cons["avg"],
+                        "cont": cont["avg"],
+                        "rl": rl["avg"],
+                        "avg_ratio": rl["avg"] / cons["avg"],
+                        "cont_ratio": rl["avg"] / cont["avg"],
+                        "p99_ratio": rl["p99"] / cons["p99"],
                     }
                 )
-                console.log(f"{name} {key}: avg {rows[-1]['avg_ratio']:.3f} p99 {rows[-1]['p99_ratio']:.3f}")
-    return pl.DataFrame(rows)
+    return pl.DataFrame(rows).with_columns(
+        # a cell's margin to the bar: <= 1 passes every check (avg vs consolidate and contention, p99)
+        pl.max_horizontal(pl.col("avg_ratio") / 1.01, pl.col("cont_ratio") / 1.02, "p99_ratio").alias("cell")
+    )
+
+
+class _Serial:
+    """A stand-in for a one-worker pool: map in this process."""
+
+    def __enter__(self) -> _Serial:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def map(self, fn: Any, items: list) -> Any:
+        return map(fn, items)
 
 
 def score(frame: pl.DataFrame) -> pl.DataFrame:
-    """Per variant: the worst ratio to consolidate over cells (avg or p99; the bar's checks) and the mean avg ratio."""
+    """Per variant: the cells that fail the bar, the worst cell (its ratio to its own bar: <= 1 passes), the worst
+    ratios to consolidate (avg, p99) and to contention, the mean avg ratio to consolidate, and the gap closed on the
+    worst trace (best rl row against the best consolidate and network-free rows)."""
+    gap = (
+        frame.group_by("variant", "trace", maintain_order=True)
+        .agg(
+            ((pl.col("cons").min() - pl.col("rl").min()) / (pl.col("cons").min() - pl.col("free").min())).alias("g"),
+            (pl.col("cons").min() - pl.col("free").min()).alias("pen"),
+        )
+        .filter(pl.col("pen") > 0)
+        .group_by("variant", maintain_order=True)
+        .agg(pl.col("g").min().alias("worst_gap"))
+    )
     return (
         frame.group_by("variant", maintain_order=True)
         .agg(
-            pl.max_horizontal("avg_ratio", "p99_ratio").max().alias("worst"),
-            pl.col("avg_ratio").mean().alias("mean_avg"),
-            pl.col("p99_ratio").max().alias("worst_p99"),
+            (pl.col("cell") > 1.0).sum().alias("fails"),
+            pl.col("cell").max().alias("worst"),
             pl.col("avg_ratio").max().alias("worst_avg"),
+            pl.col("cont_ratio").max().alias("worst_cont"),
+            pl.col("p99_ratio").max().alias("worst_p99"),
+            pl.col("avg_ratio").mean().alias("mean_avg"),
         )
+        .join(gap, on="variant", how="left")
         .sort("worst", "mean_avg")
     )
 
@@ -183,10 +259,16 @@ def select(args: argparse.Namespace) -> None:
     extra = json.loads(args.opts) if args.opts else {}
     for p in ckpts if not args.rules_only else []:
         variants[p.stem] = {"model": str(p), "wait_rule": 0.0, **extra}
-    frame = validate(variants, args.orders.split(","), Path(args.cache))
+    roles = tuple(args.roles.split(","))
+    frame = validate(variants, args.orders.split(","), Path(args.cache), roles, args.jobs)
     if args.json:
         frame.write_json(args.json)
-    print(score(frame))
+    with pl.Config(tbl_rows=200, tbl_cols=20, tbl_width_chars=200):
+        failing = frame.filter(pl.col("cell") > 1.0).select(
+            "variant", "trace", "order", "avg_ratio", "cont_ratio", "p99_ratio"
+        )
+        print(failing)
+        print(score(frame))
 
 
 def main() -> None:
@@ -207,7 +289,9 @@ def main() -> None:
     s.add_argument("--opts", help="JSON of extra rl options for every checkpoint (e.g. a tail guard)")
     s.add_argument("--rules", help='JSON {name: rl options} of rule variants to judge beside "rule" (the default)')
     s.add_argument("--rules-only", action="store_true", help="judge no checkpoint, only the rule variants")
-    s.add_argument("--cache", default="/tmp/placement_val_consolidate.json")
+    s.add_argument("--roles", default="validation", help=f"comma-separated, of {', '.join(SELECT_ROLES)}")
+    s.add_argument("--jobs", type=int, default=1, help="runs in parallel (process pool)")
+    s.add_argument("--cache", default="/tmp/placement_select_runs.json")
     s.add_argument("--json")
     args = ap.parse_args()
     train(args) if args.cmd == "train" else select(args)
