@@ -82,7 +82,7 @@ def _print_loso(console: Console, cases) -> None:
 
 
 def main() -> None:
-    console = Console(width=160)
+    console = Console(width=200)
 
     speed = Table(title="Layout search: vectorised planner vs per-layout loop (same candidates, same model)")
     for col in ("case", "candidates", "vectorised s", "loop s", "speed-up", "same best", "best layout"):
@@ -166,8 +166,20 @@ def main() -> None:
     secs = time.perf_counter() - t0
     splits = {c.row: c.split for c in cases}
     trust = Table(title=f"Planner's best layout vs the published one ({gaps.height} runs planned in {secs:.1f} s)")
-    for col in ("row", "split", "GPUs", "published", "s/step", "planner's best", "s/step ", "gap %"):
-        trust.add_column(col, justify="left" if col in ("published", "planner's best") else "right")
+    for col in (
+        "row",
+        "split",
+        "GPUs",
+        "published",
+        "s/step",
+        "planner's best",
+        "s/step ",
+        "gap %",
+        "where the best gains",
+    ):
+        trust.add_column(
+            col, justify="left" if col in ("published", "planner's best", "where the best gains") else "right"
+        )
     for r in gaps.iter_rows(named=True):
         trust.add_row(
             str(r["row"]),
@@ -178,6 +190,7 @@ def main() -> None:
             r["best_layout"],
             f"{r['best_step_s']:.2f}",
             f"{r['gap_pct']:.1f}" + ("" if r["trusted"] else " !"),
+            r["gains"],
         )
     console.print(trust)
     big = gaps.filter(gaps["gpus"] >= TRUST_MIN_GPUS)

@@ -437,6 +437,7 @@ def _planner_table(gaps: Any) -> Table:
     )
     for col in ("row", "GPUs", "published layout", "s/step", "planner's best", "s/step ", "gap"):
         table.add_column(col, justify="left" if "layout" in col or "best" in col else "right", no_wrap=True)
+    table.add_column("where the best gains", justify="left")
     for r in gaps.iter_rows(named=True):
         gap = f"{r['gap_pct']:.1f} %"
         table.add_row(
@@ -447,6 +448,7 @@ def _planner_table(gaps: Any) -> Table:
             r["best_layout"],
             f"{r['best_step_s']:.2f}",
             gap if r["trusted"] else f"[red]{gap}[/]",
+            r["gains"],
         )
     return table
 
