@@ -413,6 +413,9 @@ def _row_options(source: _Source, row: dict[str, str | None], tp: int, pp: int, 
         opts["precision"] = "fp8" if "fp8" in text.lower() or "float8" in text.lower() else "bf16"
     if re.search(r"\bFSDP\s*\d", row.get("notes") or ""):  # the row publishes fully sharded data parallelism
         opts["zero"] = 3
+    modules = re.search(r"recompute_modules\s*=\s*([a-z_]+(?:\+[a-z_]+)*)", row.get("notes") or "")
+    if modules:  # Megatron-Core's --recompute-modules, as the run's published recipe sets them
+        opts["recompute_modules"] = tuple(modules.group(1).split("+"))
     if source.group.startswith("torchtitan"):
         opts["fused_ops"] = "compile" in text
         opts["tp_overlap"] = "AsyncTP" in text.replace(" ", "")

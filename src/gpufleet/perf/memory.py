@@ -98,6 +98,7 @@ def activation_inventory(
     fp8_cache: bool = False,
     lean: bool = False,
     selective_policy: str = "attention",
+    modules: tuple[str, ...] = (),
 ) -> np.ndarray:
     """Bytes one layer keeps for the backward pass, per token of a micro-batch, on one TP rank (revision 2).
 
@@ -107,7 +108,9 @@ def activation_inventory(
     experts their own; latent attention keeps its compressed latents and per-head Q, K, V; with fp8
     (``fp8_cache``, Transformer Engine) linear-layer inputs are kept in fp8; ``lean`` is DeepSeek-V3's recipe
     (norms and latent up-projections recomputed, SwiGLU output recomputed from its fp8 input, attention
-    output in E5M6); selective recompute is either the attention core or torchtitan's per-op policy.
+    output in E5M6); selective recompute is either the attention core or torchtitan's per-op policy, and ``modules``
+    (Megatron-Core's ``--recompute-modules``) adds, under selective recompute, latent attention's up-projections
+    (``mla_up_proj``: per-head Q, K and V not kept) and dense layers' MLPs (``mlp``: only their input kept).
     """
     h = float(model.hidden)
     tp = np.asarray(tp, dtype=float)
@@ -144,6 +147,12 @@ def activation_inventory(
     code = np.asarray(recompute_code)
     op_policy = selective_policy == "op" and not model.is_moe
     selective = _op_sac_bytes(model) / tp + 0.0 * body if op_policy else body
+    if modules and not op_policy:  # Megatron-Core's recompute modules: what they would have kept is recomputed
+        dropped = qkv if ("mla_up_proj" in modules and model.is_mla) else 0.0
+        if "mlp" in modules:  # dense layers only (MoE layers have their own module, "moe")
+            dense_share = 1.0 - (model.moe_layers / model.layers if model.is_moe else 0.0)
+            dropped = dropped + dense_share * dense_mlp
+        selective = body - dropped / tp
     full = 2.0 * h / sp
     return np.select([code == 0, code == 1], [body + scores, selective], default=full)
 

@@ -61,6 +61,12 @@ class TrainOptions(BaseModel):
         description="recompute norms, latent-attention up-projections and SwiGLU outputs in backward, keep "
         "attention outputs in 1.5 bytes (DeepSeek-V3 sections 3.2.3 and 3.3.2)",
     )
+    recompute_modules: tuple[Literal["mla_up_proj", "mlp"], ...] = Field(
+        default=(),
+        description="Megatron-Core's --recompute-modules beside the attention core under selective recompute (memory "
+        "only, like lean_activations): 'mla_up_proj' keeps latent attention's compressed latents, not its per-head Q, "
+        "K and V; 'mlp' keeps a dense layer's MLP input only",
+    )
     optimizer_bytes: float = Field(
         default=12.0, gt=0, description="optimizer bytes per parameter: fp32 master + Adam moments (8: bf16 moments)"
     )

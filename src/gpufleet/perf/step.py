@@ -474,6 +474,7 @@ def evaluate(
             fp8_cache=opt.precision == "fp8" and opt.fp8_cache,
             lean=opt.lean_activations,
             selective_policy=opt.selective_policy,
+            modules=opt.recompute_modules,
         )
         per_layer = inv * tok
         first = per_layer * (layers_per_stage - first_shed) * in_flight_stages(pp, vp, m, 0, dualpipe)
