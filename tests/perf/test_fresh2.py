@@ -54,3 +54,13 @@ def test_an_h200_row_reads_as_the_catalog_h200(tmp_path: Path) -> None:
     assert not skipped
     assert cases[0].system.gpu.name == "h200"
     assert cases[0].system.gpu.memory_gb > 100
+
+
+def test_fresh3_rows_are_read_and_never_calibrate() -> None:
+    cases, _ = read_cases()
+    fresh3 = [c for c in cases if c.split == "fresh3"]
+    assert len({c.row for c in fresh3}) == 9  # recorded in revision 6 before any prediction was run on them
+    assert not any(is_calibration(c) for c in fresh3)
+    assert {split_of(c) for c in fresh3} == {"fresh3"}
+    with pytest.raises(ValueError, match="no calibration rows"):
+        calibrate(fresh3, default_efficiency())
