@@ -154,6 +154,23 @@ def rl_options(pairs: list[str]) -> dict[str, float | str]:
     return opts
 
 
+def trace_columns(text: str) -> dict[str, str] | None:
+    """``--columns``: 'elasticflow' (ElasticFlow's names), 'canonical' (None: the trace's own canonical columns),
+    or ElasticFlow's names with ``KEY=COLUMN`` pairs (comma-separated) renamed; a bad pair names the fix."""
+    if text == "canonical":
+        return None
+    cols = dict(ELASTICFLOW_COLUMNS)
+    for pair in text.split(",") if text != "elasticflow" else []:
+        key, sep, col = pair.partition("=")
+        if not sep or key not in cols or not col:
+            raise SystemExit(
+                f"--columns {text!r}: use 'elasticflow', 'canonical' or KEY=COLUMN pairs with KEY one of "
+                f"{', '.join(cols)}"
+            )
+        cols[key] = col
+    return cols
+
+
 def sized_gpus(jobs: pl.DataFrame, load: float = TARGET_LOAD, gpus_per_node: int = 8) -> int:
     """GPUs such that the jobs offer ``load`` of their time over the arrival window (whole nodes, at least
     the largest job)."""
@@ -308,10 +325,10 @@ def main() -> None:
     )
     ap.add_argument(
         "--columns",
-        choices=("elasticflow", "canonical"),
         default="elasticflow",
         help="how --trace-file names its columns: ElasticFlow's (submission_time, duration, num_gpu, job_id, "
-        "model_name) or gpufleet's canonical trace schema",
+        "model_name), 'canonical' (gpufleet's trace schema), or ElasticFlow's with some renamed, as KEY=COLUMN "
+        "pairs (KEY one of submit, duration, gpus, job_id, model), e.g. submit=submit_time",
     )
     ap.add_argument("--json", type=Path, help="also write every row here")
     args = ap.parse_args()
@@ -331,7 +348,7 @@ def main() -> None:
     rl_opts = rl_options(args.rl_option)
     if args.model:
         rl_opts["model"] = args.model
-    columns = ELASTICFLOW_COLUMNS if args.columns == "elasticflow" else None
+    columns = trace_columns(args.columns)
     frames, verdicts = [], []
     for case in cases:
         try:

@@ -50,8 +50,9 @@ ORDERS = ("srtf", "las", "tiresias", "fifo", "sjf")
 MIXES = ("heavy", "medium", "light", "random", "equal")
 #: Share of episodes per workload: Philly windows, synthetic arrivals, t = 0 mixes.
 WORKLOADS = {"philly": 0.5, "poisson": 0.3, "batch": 0.2}
-#: The guarded placement as trained: the model decides the waits and reads the arrival features.
-TRAIN_OPTS: dict[str, float] = {"guard": 1.0, "wait_rule": 0.0, "arrivals": 1.0}
+#: The guarded placement as trained: the model decides the waits and reads the arrival features, on clusters of any
+#: size (``small_nodes`` 0: the default would keep clusters of <= 8 nodes on consolidate's plan and ask nothing).
+TRAIN_OPTS: dict[str, float] = {"guard": 1.0, "wait_rule": 0.0, "arrivals": 1.0, "small_nodes": 0.0}
 SEED_BASE = 1_000_000  # synthetic mixes train on seeds from here (evaluation seeds stay below)
 console = Console(stderr=True)
 
@@ -171,7 +172,7 @@ def validate(
     ]
     tasks += [(c.name, o, "rl", True, opts) for opts in variants.values() for c in cases for o in orders]
     todo = list({_key(*t): t for t in tasks if _key(*t) not in done}.values())
-    console.log(f"{len(todo)} runs to do, {len(tasks) - len(todo)} cached")
+    console.log(f"{len(todo)} runs to do, {len({_key(*t) for t in tasks}) - len(todo)} cached")
     with ProcessPoolExecutor(max_workers=jobs) if jobs > 1 else _Serial() as pool:
         for key, res in pool.map(_cell, todo):
             done[key] = res

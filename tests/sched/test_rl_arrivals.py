@@ -39,7 +39,9 @@ def _build(order: str = "srtf", **opts):
         spec, jobs = _cluster(), _jobs(rng)
         parts = partitions_for(spec)
         policy = make_policy(order)
-        policy.use_placement(RLPlacement(decider=decider, guard=1.0, wait_rule=0.0, arrivals=1.0, **opts))
+        policy.use_placement(
+            RLPlacement(decider=decider, guard=1.0, wait_rule=0.0, arrivals=1.0, **{"small_nodes": 0.0, **opts})
+        )
         net = network_for(spec, parts, jobs)
         return Simulator(Workload.from_frame(jobs), parts, policy, SimConfig(network=True, debug=True), network=net)
 

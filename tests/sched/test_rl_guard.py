@@ -45,9 +45,13 @@ def _jobs(n: int = 60, seed: int = 3) -> pl.DataFrame:
 
 
 def _run(label: str, placement_opts: dict | None = None, decider=None):
+    """``label`` on the 6-node test cluster; a guarded rl treats it as a large partition unless told otherwise
+    (its default keeps partitions of <= 8 nodes on consolidate's plan, which these tests are not about)."""
     spec = _cluster()
     jobs = _jobs()
     parts = partitions_for(spec)
+    if placement_opts is not None and "rl" in label:
+        placement_opts = {"small_nodes": 0.0, **placement_opts}
     policy = make_scheduler(label, {}, placement_opts) if placement_opts is not None else make_policy(label)
     if decider is not None:
         policy.placer.decider = decider
@@ -149,3 +153,109 @@ def test_a_job_is_held_only_while_its_waits_so_far_are_within_its_budget(monkeyp
     unbounded, free = _run("las+rl", {**eager, "budget": 0.0})
     assert unbounded.summary["finished"] == 60
     assert free.placer.waits > pol.placer.waits
+
+
+def test_no_job_is_held_while_the_observed_network_pressure_is_below_the_gate(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every hold comes with the run's observed contention loss at or above ``pressure``; a gate no run reaches
+    holds nothing and gives exactly consolidate's run."""
+    seen: list[float] = []
+    real_hold = rl_mod.RLPlacement._hold
+
+    def spy_hold(self, j: int) -> None:
+        seen.append(self.pressure())
+        real_hold(self, j)
+
+    monkeypatch.setattr(rl_mod.RLPlacement, "_hold", spy_hold)
+    eager = {"wait_below": 1.01, "outlook": 0.0}
+    _, free = _run("las+rl", eager)
+    assert free.placer.waits > 0
+    seen.clear()
+    res, gated = _run("las+rl", {**eager, "pressure": 0.02})
+    assert res.summary["finished"] == 60
+    assert 0.0 <= gated.placer.pressure() <= 1.0
+    assert all(ps >= 0.02 for ps in seen) and len(seen) == gated.placer.waits < free.placer.waits
+    base, _ = _run("las")
+    never, shut = _run("las+rl", {**eager, "pressure": 0.999})
+    assert shut.placer.waits == 0
+    assert never.jobs["finish_s"].to_list() == base.jobs["finish_s"].to_list()
+
+
+def test_no_job_bound_for_the_tail_is_held(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every hold comes with the job's JCT if started now below the ``tail`` quantile of the finished jobs' JCTs."""
+    holds: list[tuple[float, float]] = []
+    real_hold = rl_mod.RLPlacement._hold
+
+    def spy_hold(self, j: int) -> None:
+        sim = self.sim
+        holds.append((sim.now - sim.submit[j] + sim.remaining[j], self.tail_jct()))
+        real_hold(self, j)
+
+    monkeypatch.setattr(rl_mod.RLPlacement, "_hold", spy_hold)
+    monkeypatch.setattr(rl_mod._RunObserver, "MIN_FINISHED", 5)  # 60 jobs: let the quantile act early
+    eager = {"wait_below": 1.01, "outlook": 0.0, "budget": 0.0}
+    _, free = _run("las+rl", eager)
+    holds.clear()
+    res, guarded = _run("las+rl", {**eager, "tail": 0.9})
+    assert res.summary["finished"] == 60
+    assert holds and guarded.placer.waits < free.placer.waits
+    # the speed of a spread plan is <= 1, so remaining / speed >= remaining: the bound checked here is looser
+    assert all(jct < bound for jct, bound in holds)
+    assert any(bound < float("inf") for _, bound in holds)  # the quantile was in force for some holds
+
+
+def test_on_a_small_partition_the_job_takes_the_heuristics_node_set() -> None:
+    """With ``small_nodes`` at least the partition's nodes and no waiting, every job gets the contention
+    heuristic's node set: the run is the ``contention`` placement's; below that, consolidate's."""
+    heur, _ = _run("las+contention", {})
+    cons, _ = _run("las")
+    small, _ = _run("las+rl", {"wait_below": 0.0, "small_nodes": 6, "small_rule": 1.0, "small_wait": -1.0})
+    big, _ = _run("las+rl", {"wait_below": 0.0, "small_nodes": 5, "small_rule": 1.0, "small_wait": -1.0})
+    assert heur.jobs["finish_s"].to_list() != cons.jobs["finish_s"].to_list()  # the two node choices differ here
+    assert small.jobs["finish_s"].to_list() == heur.jobs["finish_s"].to_list()
+    assert big.jobs["finish_s"].to_list() == cons.jobs["finish_s"].to_list()
+
+
+def test_the_run_observer_integrates_the_contention_loss_between_samples() -> None:
+    class Net:
+        def __init__(self) -> None:
+            self.loss = {0: 0.5, 1: 0.0}
+
+        def lost(self, j: int) -> float:
+            return self.loss[j]
+
+    class Sim:
+        def __init__(self) -> None:
+            self.now = 0.0
+            self.gpus = [8, 8]
+            self.submit = [0.0, 0.0]
+            self.finish = [float("nan"), float("nan")]
+            self.network = Net()
+
+        def running_jobs(self) -> list[int]:
+            return [0, 1]
+
+    sim, obs = Sim(), rl_mod._RunObserver()
+    obs.sample(sim)
+    assert obs.pressure(sim) == 0.0  # nothing integrated yet
+    sim.now = 100.0
+    obs.started(0)
+    obs.sample(sim)
+    assert obs.pressure(sim) == pytest.approx(0.25)  # half the speed of half the busy GPUs
+    sim.finish[0] = 150.0
+    sim.now = 200.0
+    obs.sample(sim)
+    assert obs.jcts == [150.0]
+    assert obs.quantile(sim, 0.5) == float("inf")  # fewer than MIN_FINISHED
+
+
+def test_by_default_a_small_partition_gets_consolidates_run() -> None:
+    """The default: on a partition of at most 8 nodes nothing is held and every job takes consolidate's plan, even
+    with a rule that would hold at any slowdown; with ``small_nodes`` 0 the same rule holds jobs."""
+    eager = {"wait_below": 1.01, "outlook": 0.0}
+    base, _ = _run("las")
+    plain, pol = _run("las+rl", {**eager, "small_nodes": 8.0})
+    assert pol.placer.waits == 0
+    assert plain.jobs["finish_s"].to_list() == base.jobs["finish_s"].to_list()
+    _, held = _run("las+rl", eager)  # small_nodes 0 (the helper's): the 6 nodes are a large partition
+    assert held.placer.waits > 0
+    assert float(make_scheduler("las+rl", {}, {}).placer.opts["small_nodes"]) == 8.0

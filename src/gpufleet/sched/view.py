@@ -65,6 +65,8 @@ class NetworkView(Protocol):
 
     def nic_load(self, p: int, node: int) -> float: ...
 
+    def lost(self, j: int) -> float: ...  # throughput share running job j is losing to contention now
+
 
 class SimView(Protocol):
     """The job arrays, clock and queues a policy reads (indexed by job number ``j``)."""
@@ -82,6 +84,7 @@ class SimView(Protocol):
     attained: Sequence[float]
     expected_finish: Sequence[float]
     held_s: Sequence[float]
+    finish: Sequence[float]  # completion time, NaN until the job finishes
     busy: int
     total_gpus: int
     n_running: int

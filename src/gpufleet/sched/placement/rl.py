@@ -10,6 +10,7 @@ stable-baselines3 and gymnasium come with the ``rl`` extra.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
@@ -103,6 +104,18 @@ class RLPlacement(CandidatePlacement):
     #: neighbours, over its run, per GPU of the job), so that no job waits in total longer than waiting can pay;
     #: with ``wait_rule`` > 0 it then waits, otherwise the model decides among the waits the rule allows. Anything
     #: else falls back to consolidate. A guarded decision with one node set allowed and no wait asks no one.
+    #: ``pressure`` > 0: no job is held while the share of busy GPU-time lost to network contention so far in the run
+    #: (:meth:`RLPlacement.pressure`) is below it, so that where the network costs the run next to nothing the
+    #: placement is consolidate's. ``tail`` in (0, 1): no job is held whose JCT if it started now on consolidate's plan
+    #: (time in the system plus remaining / speed) is above that quantile of the JCTs of the jobs finished so far
+    #: (:meth:`RLPlacement.tail_jct`), so that a hold never pushes a job further into the tail. A partition of at
+    #: most ``small_nodes`` nodes is *small*; there ``small_wait`` >= 0 replaces ``wait_below`` (0: no job is held;
+    #: -1: ``wait_below``) and ``small_rule`` picks the node set of a job not held: -1 consolidate's plan, as on any
+    #: partition; 1 the ``contention`` heuristic's (the cheapest candidate; the wait gate then reads its speed); 0
+    #: the model's choice among the candidates no costlier than consolidate's plan (the heuristic's being one
+    #: action; a refused action takes the heuristic's). Defaults (chosen on the validation and selection traces,
+    #: docs/contention.md, fourth round): on a partition of at most 8 nodes no job is held and every job takes
+    #: consolidate's plan, so that there the placement is consolidate's; ``pressure`` and ``tail`` are off.
     #: ``guard`` 0: the unguarded policy of the ``rl`` alias (the t = 0 mixes it was trained and judged on).
     #: ``arrivals``: 1 observes the arrival features (:func:`gpufleet.sched.rl_features.arrival_features`), 0 not,
     #: -1 (default) as wide as the model reads (a decider gets the old observation). ``model`` empty: the guarded
@@ -119,6 +132,11 @@ class RLPlacement(CandidatePlacement):
         "resume_wait": 1.0,
         "outlook": 1.0,
         "budget": 1.0,
+        "pressure": 0.0,
+        "tail": 0.0,
+        "small_nodes": 8.0,
+        "small_rule": -1.0,
+        "small_wait": 0.0,
     }
 
     def __init__(self, decider: Decider | None = None, **opts: Any) -> None:
@@ -133,6 +151,7 @@ class RLPlacement(CandidatePlacement):
         self._arrivals = False
         self._wait_since: dict[int, float] = {}  # job -> when its placement last chose to hold it
         self._waited: dict[int, float] = {}  # job -> seconds spent so far in waits its placement chose
+        self._observed = _RunObserver()
 
     def bind(self, sim: Any) -> None:
         super().bind(sim)
@@ -144,6 +163,7 @@ class RLPlacement(CandidatePlacement):
             actor = load_model(path)
             self._fast, self._width = actor.probs, actor.n_obs
         self._wait_since, self._waited = {}, {}
+        self._observed = _RunObserver()
         mode = float(self.opts["arrivals"])
         self._arrivals = mode > 0 or (mode < 0 and self._width >= ARRIVAL_OBS_SIZE)
 
@@ -168,7 +188,10 @@ class RLPlacement(CandidatePlacement):
         obs = observe(sim, j, p, part, cands, scores, arrivals=self._arrivals)
         can_wait = sim.n_running > 0 and self.may_wait
         if float(self.opts["guard"]) > 0:
-            return self._choose_guarded(j, cands, scores, obs, can_wait)
+            idx = self._choose_guarded(j, p, cands, scores, obs, can_wait)
+            if idx is not None and (self._track_pressure or self._track_tail):
+                self._observed.started(j)
+            return idx
         mask = action_mask(cands, can_wait=can_wait)
         action = self._act(obs, mask)
         self.decisions += 1
@@ -183,13 +206,43 @@ class RLPlacement(CandidatePlacement):
             self.fallbacks += 1
         return least_cost(scores, sim.gpus[j])[0]
 
-    def _choose_guarded(self, j: int, cands: list, scores: list, obs: np.ndarray, can_wait: bool) -> int | None:
+    @property
+    def _track_pressure(self) -> bool:
+        return float(self.opts["pressure"]) > 0
+
+    @property
+    def _track_tail(self) -> bool:
+        return 0.0 < float(self.opts["tail"]) < 1.0
+
+    def pressure(self) -> float:
+        """Share of the busy GPU-time lost to network contention so far in this run (sampled at decisions)."""
+        return self._observed.pressure(self.sim)
+
+    def tail_jct(self) -> float:
+        """The ``tail`` quantile of the JCTs of the jobs finished so far (inf while fewer than 20 have)."""
+        return self._observed.quantile(self.sim, float(self.opts["tail"]))
+
+    def _choose_guarded(self, j: int, p: int, cands: list, scores: list, obs: np.ndarray, can_wait: bool) -> int | None:
         """The model's choice among the candidates predicted no worse than consolidate's (within the margin), a
-        wait only while even the best of them runs below ``wait_below``; consolidate's plan otherwise."""
-        g = self.sim.gpus[j]
+        wait only while even the best of them runs below ``wait_below``; consolidate's plan otherwise (on a small
+        partition, with ``small_nodes``, the heuristic's choice)."""
+        sim = self.sim
+        g = sim.gpus[j]
         waited = self._close_wait(j)
-        allowed, best_speed = guarded_mask(cands, scores, g, float(self.opts["margin"]))
-        wait_ok = can_wait and best_speed < float(self.opts["wait_below"])
+        if self._track_pressure or self._track_tail:
+            self._observed.sample(sim)
+        small = sim.parts[p].nodes <= float(self.opts["small_nodes"])
+        small_rule = float(self.opts["small_rule"])
+        margin = 0.0 if small and small_rule >= 0 else float(self.opts["margin"])
+        allowed, best_speed = guarded_mask(cands, scores, g, margin)
+        below = float(self.opts["small_wait"]) if small and float(self.opts["small_wait"]) >= 0 else None
+        wait_ok = can_wait and best_speed < (float(self.opts["wait_below"]) if below is None else below)
+        if wait_ok and self._track_pressure:  # where the network costs next to nothing, holds only perturb
+            wait_ok = self.pressure() >= float(self.opts["pressure"])
+        if wait_ok and self._track_tail:  # never hold a job already bound for the tail
+            sc = scores[ANCHOR] if cands[ANCHOR] is not None else None
+            speed = sc[0] if sc is not None and sc[0] > 0 else 1.0
+            wait_ok = sim.now - sim.submit[j] + sim.remaining[j] / speed < self.tail_jct()
         outlook = float(self.opts["outlook"])
         if wait_ok and outlook > 0:
             wait_ok = float(obs[SOON]) * 4.0 <= outlook
@@ -204,6 +257,8 @@ class RLPlacement(CandidatePlacement):
             sc = scores[ANCHOR] if cands[ANCHOR] is not None else None
             rem = max(float(self.sim.remaining[j]), 1.0)
             wait_ok = sc is not None and waited < wait_budget(rem, sc[0], sc[2], g)
+        if not wait_ok and small and small_rule > 0:  # the heuristic's node set, no one asked
+            return least_cost([sc if allowed[i] else None for i, sc in enumerate(scores)], g)[0]
         if not wait_ok:  # nothing to choose when every allowed slot is the same node set: no one is asked
             slots = np.flatnonzero(allowed[:N_SLOTS])
             if len({tuple(sorted(cands[i])) for i in slots}) == 1:
@@ -221,6 +276,8 @@ class RLPlacement(CandidatePlacement):
             self.delegated += 1
             return least_cost([sc if allowed[i] else None for i, sc in enumerate(scores)], g)[0]
         self.fallbacks += 1
+        if small and small_rule >= 0:
+            return least_cost([sc if allowed[i] else None for i, sc in enumerate(scores)], g)[0]
         return ANCHOR if cands[ANCHOR] is not None else least_cost(scores, g)[0]
 
     def _hold(self, j: int) -> None:
@@ -237,6 +294,55 @@ class RLPlacement(CandidatePlacement):
         total = self._waited.get(j, 0.0) + self.sim.now - since
         self._waited[j] = total
         return total
+
+
+class _RunObserver:
+    """What the guarded placement has seen of its run: the GPU-time lost to network contention against the busy
+    GPU-time (integrated between decisions from the running jobs' loss when each decision is made), and the JCTs
+    of the jobs it started that have since finished."""
+
+    MIN_FINISHED = 20
+
+    def __init__(self) -> None:
+        self.t = 0.0
+        self.lost_rate = self.busy_rate = 0.0  # GPU-weighted loss and busy GPUs at the last sample
+        self.lost = self.busy = 0.0  # integrated so far (GPU-seconds)
+        self.live: dict[int, None] = {}  # jobs started, not yet seen finished
+        self.jcts: list[float] = []  # sorted
+
+    def started(self, j: int) -> None:
+        self.live[j] = None
+
+    def sample(self, sim: Any) -> None:
+        """Integrate up to now and take the running jobs' loss and the finished jobs' JCTs (once per instant)."""
+        now = sim.now
+        if now <= self.t and self.busy > 0.0:
+            return
+        dt = max(now - self.t, 0.0)
+        self.lost += self.lost_rate * dt
+        self.busy += self.busy_rate * dt
+        self.t = now
+        net = sim.network
+        lost = busy = 0.0
+        for k in sim.running_jobs():
+            gk = sim.gpus[k]
+            busy += gk
+            if net is not None:
+                lost += gk * net.lost(k)
+        self.lost_rate, self.busy_rate = lost, busy
+        done = [k for k in self.live if sim.finish[k] == sim.finish[k]]  # not NaN: finished
+        for k in done:
+            del self.live[k]
+            bisect.insort(self.jcts, sim.finish[k] - sim.submit[k])
+
+    def pressure(self, sim: Any) -> float:
+        return self.lost / self.busy if self.busy > 0.0 else 0.0
+
+    def quantile(self, sim: Any, q: float) -> float:
+        n = len(self.jcts)
+        if n < self.MIN_FINISHED:
+            return float("inf")
+        return self.jcts[min(int(q * n), n - 1)]
 
 
 def wait_budget(remaining: float, speed: float, harm: float, gpus: int) -> float:
