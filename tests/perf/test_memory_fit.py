@@ -12,10 +12,7 @@ from gpufleet.perf.model_spec import get_model
 from gpufleet.perf.validate import predict_case
 
 #: Published runs the memory model still predicts over their GPU's memory, and why (docs/perf.md, Limits).
-KNOWN_OVER = {
-    45: "DeepSeek-V3 on H800: the expert outputs kept for the weighted combine are not published",
-    46: "DeepSeek-V3 under Megatron-Bridge: its recompute modules are not in the row",
-}
+KNOWN_OVER: dict[int, str] = {}  # revision 6: none (both DeepSeek-V3 runs fit since their expert outputs are not kept)
 
 
 def _inv(model, **kw):
@@ -66,3 +63,15 @@ def test_in_flight_micro_batches_per_rank():
 def test_simulator_constants_keep_revision_one():
     assert jobspeed_efficiency().software.revision == 1
     assert default_efficiency().software.revision == 3
+
+
+def test_routed_experts_keep_no_output_for_the_weighted_combine():
+    # Megatron-Core scales the SwiGLU output by the router weight inside the expert (weighted_bias_swiglu_impl), so
+    # the combine is a scatter-add that keeps nothing: a routed copy keeps its dispatched input and its MLP only
+    v3 = get_model("deepseek-v3")
+    h, ew = float(v3.hidden), float(v3.expert_width)
+    frac = v3.moe_layers / v3.layers
+    routed_copy = 2.0 * h + 2.0 * 2.0 * ew + 2.0 * ew  # bf16 input, two fc1 outputs (GLU), the fc2 input
+    per_extra_expert = frac * (v3.capacity_factor or 1.0) * routed_copy
+    top1 = v3.with_overrides(top_k=1)
+    assert _inv(v3) - _inv(top1) == pytest.approx((v3.top_k - 1) * per_extra_expert, rel=1e-9)

@@ -26,7 +26,7 @@ def test_bridge_deepseek_v3_recipe_recomputes_mla_up_projections_and_fits():
     assert with_recipe["fits"] and with_recipe["memory_gb"] < case.system.gpu.memory_gb
     bare = dataclasses.replace(case, options=case.options.model_copy(update={"recompute_modules": ()}))
     without = predict_case(bare)
-    assert not without["fits"]  # keeping MLA's per-head Q, K and V puts the published layout over 80 GiB
+    assert without["memory_gb"] > with_recipe["memory_gb"] + 10.0  # MLA's per-head Q, K and V: 128 heads x 448 B
     assert without["step_time_s"] == with_recipe["step_time_s"]  # memory only: the time is unchanged
 
 

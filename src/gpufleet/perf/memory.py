@@ -134,7 +134,10 @@ def activation_inventory(
     dense_mlp = _mlp_bytes(float(model.ffn), model.glu, lin, lean)
     if model.is_moe:
         ew = float(model.expert_width)
-        per_copy = lin * h + _mlp_bytes(ew, model.glu, lin, lean) + 2.0 * h  # dispatched input, MLP, output
+        # dispatched input and MLP; no expert output: the router weights scale the SwiGLU output inside the expert
+        # (Megatron-Core's weighted_bias_swiglu_impl), so their gradient needs only what the SwiGLU keeps, and the
+        # combine is a scatter-add that keeps nothing
+        per_copy = lin * h + _mlp_bytes(ew, model.glu, lin, lean)
         routed = model.top_k * (model.capacity_factor or 1.0) * per_copy
         shared = model.shared_experts * _mlp_bytes(ew, model.glu, lin, lean)
         frac = model.moe_layers / model.layers
