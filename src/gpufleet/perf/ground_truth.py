@@ -14,6 +14,7 @@ notes (``FSDP32 TP8``, ``PP16``, ``EP64``, ``VP=4``) fills the layout columns it
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -314,8 +315,29 @@ def _float(value: str | None) -> float | None:
         return None
 
 
+def _loose_key(name: str) -> str:
+    """A model name with case, separators (space, ``-``, ``_``, ``.``), an organisation prefix (``meta-llama/``,
+    ``Meta-``) and a release suffix (``-Instruct``, ``-Base``, ``-hf``) dropped: ``LLAMA3_70B``, ``Llama-3-70B`` and
+    ``Meta-Llama-3-70B-Instruct`` all read ``llama370b``."""
+    key = name.strip().lower().rsplit("/", 1)[-1]
+    key = re.sub(r"^meta[-_ ]", "", key)
+    key = re.sub(r"[-_ ](instruct|base|hf|chat)$", "", key)
+    return re.sub(r"[\s\-_.]", "", key)
+
+
+@functools.cache
+def _loose_catalog() -> dict[str, str]:
+    """Loose keys of every catalog name and alias; a key two models share is left out (ambiguous)."""
+    seen: dict[str, set[str]] = {}
+    for spec in model_catalog().specs.values():
+        for alias in (spec.name, *spec.aliases):
+            seen.setdefault(_loose_key(alias), set()).add(spec.name)
+    return {key: next(iter(names)) for key, names in seen.items() if len(names) == 1}
+
+
 def _catalog_name(name: str) -> str | None:
-    """The catalog model a table row names (its model column, case and suffixes like ' (MLPerf)' aside)."""
+    """The catalog model a table row names (its model column, case and suffixes like ' (MLPerf)' aside, and, failing
+    an exact name or alias, the way vendors spell it: ``LLAMA3.1_405B``, ``DeepSeekV3``, ``Llama-2-13b-hf``)."""
     if name in _CATALOG_NAMES:
         return _CATALOG_NAMES[name]
     key = re.sub(r"\s*\(.*\)\s*$", "", name).strip().lower().replace(" ", "-")
@@ -323,7 +345,7 @@ def _catalog_name(name: str) -> str | None:
     for spec in catalog.specs.values():
         if key == spec.name or key in spec.aliases:
             return spec.name
-    return None
+    return _loose_catalog().get(_loose_key(re.sub(r"\s*\(.*\)\s*$", "", name)))
 
 
 def _gpu(row: dict[str, str | None]):

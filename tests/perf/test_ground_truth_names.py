@@ -1,0 +1,47 @@
+"""A published table names catalog models the way its vendor spells them; perf validate still finds the model."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+
+from gpufleet.perf.ground_truth import _catalog_name, default_ground_truth_path, read_cases
+
+
+@pytest.mark.parametrize(
+    ("written", "catalog"),
+    [
+        ("LLAMA3_70B", "llama3-70b"),  # Megatron-Bridge's performance summary
+        ("LLAMA3.1_405B", "llama3-405b"),
+        ("DeepSeekV3", "deepseek-v3"),
+        ("Llama-2-13b-hf", "llama2-13b"),
+        ("meta-llama/Llama-3.1-8B-Instruct", "llama3-8b"),
+        ("GPT-3 175B", "gpt3-175b"),
+        ("mpt_30b", "mpt-30b"),
+        ("Llama 4 Maverick", "llama4-maverick"),
+        ("Mixtral8x7B", "mixtral-8x7b"),
+    ],
+)
+def test_vendor_spellings_find_the_catalog_model(written: str, catalog: str) -> None:
+    assert _catalog_name(written) == catalog
+
+
+def test_unknown_models_stay_unknown() -> None:
+    assert _catalog_name("Qwen3-235B-A22B") is None
+    assert _catalog_name("Nemotron-H 56B") is None
+
+
+def test_a_vendor_spelled_row_without_shape_is_predicted(tmp_path) -> None:
+    with default_ground_truth_path().open(newline="", encoding="utf-8") as fh:
+        reader = csv.DictReader(fh)
+        header = list(reader.fieldnames or [])
+        row = next(r for r in reader if r["model"] == "Llama3-70B" and r["split"] == "calibration")
+    row = {**row, "model": "LLAMA3_70B", "split": ""}
+    path = tmp_path / "vendor.csv"
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        writer = csv.DictWriter(fh, fieldnames=header)
+        writer.writeheader()
+        writer.writerow(row)
+    cases, skipped = read_cases(path)
+    assert not skipped and cases and cases[0].model.name == "llama3-70b"
