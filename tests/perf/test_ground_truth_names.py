@@ -7,6 +7,7 @@ import csv
 import pytest
 
 from gpufleet.perf.ground_truth import _catalog_name, default_ground_truth_path, read_cases
+from gpufleet.perf.validate import predict_case
 
 
 @pytest.mark.parametrize(
@@ -45,3 +46,53 @@ def test_a_vendor_spelled_row_without_shape_is_predicted(tmp_path) -> None:
         writer.writerow(row)
     cases, skipped = read_cases(path)
     assert not skipped and cases and cases[0].model.name == "llama3-70b"
+
+
+def _write(tmp_path, rows: list[dict[str, str]]):
+    with default_ground_truth_path().open(newline="", encoding="utf-8") as fh:
+        header = list(csv.DictReader(fh).fieldnames or [])
+    path = tmp_path / "other.csv"
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        writer = csv.DictWriter(fh, fieldnames=header)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: row.get(k, "") for k in header})
+    return path
+
+
+def test_a_publication_without_rules_is_read_generically(tmp_path) -> None:
+    base = {"seq": "8192", "gpu": "H100 80GB SXM", "gbs": "512", "precision": "bf16"}
+    path = _write(
+        tmp_path,
+        [
+            {
+                **base,
+                "src": "Some lab's 2026 training report, Table 3",
+                "model": "Llama 3.1 8B",
+                "n_gpus": "64",
+                "tp": "1",
+                "pp": "1",
+                "reported": "9000 tok/s/GPU",
+                "net": "InfiniBand NDR 400 Gb/s",
+            },
+            {
+                **base,
+                "src": "Another blog post",
+                "model": "LLAMA3_70B",
+                "n_gpus": "128",
+                "dp": "128",
+                "reported": "900 tok/s/GPU",
+                "net": "RoCE 200G per GPU",
+                "stack": "fsdp",
+                "notes": "FSDP over all GPUs",
+            },
+        ],
+    )
+    cases, skipped = read_cases(path)
+    assert not skipped and len(cases) == 2
+    ib, roce = cases
+    assert ib.system.nic.name == "ib-ndr" and ib.options.stack is None and ib.dp == 64
+    assert len(ib.mbs) > 1 and ib.recompute == ("none", "selective")  # unpublished knobs are tuned
+    assert roce.system.nic.name == "roce-200g" and roce.options.stack == "fsdp" and roce.options.zero == 3
+    assert (roce.tp, roce.pp, roce.dp) == (1, 1, 128)  # pure data parallelism
+    assert all(predict_case(c)["predicted"] > 0 for c in cases)

@@ -254,6 +254,36 @@ _SOURCES: tuple[_Source, ...] = (
     ),
 )
 
+
+def _generic_source(row: dict[str, str | None], gpu: Any) -> _Source:
+    """How to read a row from a publication gpufleet has no rules for: the row's stack (its ``stack`` column, else the
+    reference) with that stack's usual settings, the network its ``net`` column names (else the usual fabric of the
+    GPU's generation), and whatever the row leaves out (micro-batch, virtual stages, recomputation) tuned, as the
+    authors would have tuned it."""
+    from gpufleet.perf.stacks import get_stack, stack_names
+
+    stack = (row.get("stack") or "").strip()
+    options: dict[str, Any] = {"flash_attention": True, "zero": 1}
+    if stack in stack_names():
+        options.update(get_stack(stack).options)
+    net = (row.get("net") or "").lower()
+    speed = re.search(r"(100|200|400|800)\s*g", net.replace(" gb/s", "g").replace("gbps", "g").replace("gb", "g"))
+    gbps = int(speed.group(1)) if speed else (400 if gpu is not None and gpu.arch == "hopper" else 200)
+    if "roce" in net or "rdma" in net:
+        nic = f"roce-{min(gbps, 400)}g"
+    elif ("ethernet" in net or "tcp" in net) and "infiniband" not in net:
+        nic = "eth-100g"
+    elif "ndr" in net:
+        nic = "ib-ndr"
+    elif "hdr" in net:
+        nic = "ib-hdr"
+    elif "edr" in net:
+        nic = "ib-edr"
+    else:
+        nic = {100: "ib-edr", 200: "ib-hdr"}.get(gbps, "ib-ndr")
+    return _Source(r".*", "other publications", options, nic, mbs=_TUNED_MBS, vp=_TUNED_VP, recompute=_UNPUBLISHED_RC)
+
+
 _GPUS = (
     (r"TPU", None),
     (r"96GB HBM2e", "h100-96g-hbm2e"),
@@ -471,6 +501,10 @@ def read_cases(path: str | Path | None = None) -> tuple[list[Case], list[Skipped
         written = _layout_text(row)
         tp, pp = _int(row["tp"]) or written.get("tp"), _int(row["pp"]) or written.get("pp")
         n = _int(row["n_gpus"])
+        if tp is None and pp is None and n is not None and (_int(row["dp"]) or written.get("dp")) == n:
+            tp = pp = 1  # pure data parallelism (DDP or FSDP over every GPU): no model parallelism to publish
+        if gpu is not None and source is None:  # a publication without rules of its own: read it generically
+            source = _generic_source(row, gpu)
         if source is None:
             skipped.append(Skipped(i, label, "no published parallel layout or not a GPU run"))
             continue
