@@ -96,3 +96,13 @@ def test_a_publication_without_rules_is_read_generically(tmp_path) -> None:
     assert roce.system.nic.name == "roce-200g" and roce.options.stack == "fsdp" and roce.options.zero == 3
     assert (roce.tp, roce.pp, roce.dp) == (1, 1, 128)  # pure data parallelism
     assert all(predict_case(c)["predicted"] > 0 for c in cases)
+
+
+@pytest.mark.parametrize(
+    ("written", "catalog"),
+    [("A100-SXM4-40GB", "a100-40g"), ("A100 SXM4 40GB", "a100-40g"), ("A100-80GB SXM", "a100-80g"), ("V100", "v100")],
+)
+def test_gpu_spellings(written: str, catalog: str) -> None:
+    from gpufleet.perf.ground_truth import _gpu
+
+    assert _gpu({"gpu": written}).name == catalog

@@ -287,7 +287,8 @@ def _generic_source(row: dict[str, str | None], gpu: Any) -> _Source:
 _GPUS = (
     (r"TPU", None),
     (r"96GB HBM2e", "h100-96g-hbm2e"),
-    (r"A100-40GB", "a100-40g"),
+    (r"A100\b.{0,12}\b40\s*GB", "a100-40g"),  # A100-40GB, A100 SXM4 40GB, A100-SXM4-40GB
+    (r"V100", "v100"),
     (r"A100", "a100-80g"),
     (r"H800", "h800"),
     (r"H200", "h200"),
