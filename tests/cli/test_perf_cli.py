@@ -425,3 +425,15 @@ def test_cli_import_stays_light():
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == ""
+
+
+def test_step_recompute_modules_keep_less_and_unknown_ones_are_one_line_errors(monkeypatch, capsys):
+    args = ["perf", "step", "--model", "deepseek-v3", "--gpu", "h100", "--nic", "ib-ndr", "--precision", "fp8"]
+    args += ["--stack", "nemo", "--gpus", "1024", "--tp", "2", "--pp", "8", "--vp", "4", "--ep", "64", "--gbs", "8192"]
+    args += ["--recompute", "selective"]
+    plain = invoke(*args, "--json")
+    lean = invoke(*args, "--recompute-module", "mla_up_proj", "--recompute-module", "mlp", "--json")
+    assert lean["memory_gb_per_gpu"] < plain["memory_gb_per_gpu"] - 10.0
+    assert lean["step_time_s"] == plain["step_time_s"]  # memory only
+    code, _, stderr = run_main(monkeypatch, capsys, *args, "--recompute-module", "moe")
+    assert code == 2 and "mla_up_proj" in stderr and "Traceback" not in stderr

@@ -122,6 +122,15 @@ MegascaleOpt = Annotated[
 TpOverlapOpt = Annotated[
     bool, typer.Option("--tp-overlap", help="Overlap TP collectives with GEMMs.", rich_help_panel="Training software")
 ]
+RecomputeModulesOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--recompute-module",
+        help="Megatron-Core's --recompute-modules under selective recompute, repeatable: mla_up_proj (latent "
+        "attention keeps its latents, not its per-head Q/K/V), mlp (dense MLPs keep their input). Memory only.",
+        rich_help_panel="Training software",
+    ),
+]
 DpOverlapOpt = Annotated[
     bool,
     typer.Option(
@@ -195,6 +204,7 @@ def perf_step(
     megascale: MegascaleOpt = False,
     tp_overlap: TpOverlapOpt = False,
     dp_overlap: DpOverlapOpt = False,
+    recompute_module: RecomputeModulesOpt = None,
     causal_flops: CausalOpt = False,
     stack: StackOpt = None,
     efficiency: EfficiencyOpt = None,
@@ -251,6 +261,7 @@ def perf_step(
         megascale=megascale,
         tp_overlap=tp_overlap,
         dp_overlap=dp_overlap,
+        recompute_modules=tuple(recompute_module or ()),
         causal_flops=causal_flops,
         efficiency=efficiency,
         stack=stack,
@@ -303,6 +314,7 @@ def plan(
     megascale: MegascaleOpt = False,
     tp_overlap: TpOverlapOpt = False,
     dp_overlap: DpOverlapOpt = False,
+    recompute_module: RecomputeModulesOpt = None,
     causal_flops: CausalOpt = False,
     stack: StackOpt = None,
     efficiency: EfficiencyOpt = None,
@@ -365,6 +377,7 @@ def plan(
         megascale=megascale,
         tp_overlap=tp_overlap,
         dp_overlap=dp_overlap,
+        recompute_modules=tuple(recompute_module or ()),
         causal_flops=causal_flops,
         efficiency=efficiency,
         stack=stack,

@@ -80,6 +80,7 @@ class PerfRequest:
     causal_flops: bool = False
     efficiency: Path | None = None
     stack: str | None = None
+    recompute_modules: tuple[str, ...] = ()
 
     def model_spec(self) -> ModelSpec:
         """The catalog model or file, with any shape field overridden."""
@@ -155,6 +156,14 @@ class PerfRequest:
 
             common.update(get_stack(self.stack).options)
             common["stack"] = self.stack
+        if self.recompute_modules:  # Megatron-Core's --recompute-modules under selective recompute (memory)
+            known = ("mla_up_proj", "mlp")
+            unknown = [m for m in self.recompute_modules if m not in known]
+            if unknown:
+                raise ConfigError(
+                    f"--recompute-module {unknown[0]!r} is not modelled; give one of {', '.join(known)} (repeatable)"
+                )
+            common["recompute_modules"] = tuple(dict.fromkeys(self.recompute_modules))
         use_megascale = self.megascale if megascale is None else megascale
         return TrainOptions.megascale(**common) if use_megascale else TrainOptions(**common)
 
