@@ -59,6 +59,7 @@ from gpufleet.sim.config import SimConfig
 from gpufleet.sim.run import RunSpec, run_one
 from gpufleet.spec import load_cluster
 from gpufleet.traces import load_trace
+from gpufleet.traces.info import gpus_for_load
 from gpufleet.traces.load import bundled_trace_path
 
 ORDERS = ("fifo", "sjf", "srtf", "las", "tiresias")
@@ -172,12 +173,8 @@ def trace_columns(text: str) -> dict[str, str] | None:
 
 
 def sized_gpus(jobs: pl.DataFrame, load: float = TARGET_LOAD, gpus_per_node: int = 8) -> int:
-    """GPUs such that the jobs offer ``load`` of their time over the arrival window (whole nodes, at least
-    the largest job)."""
-    work = float((jobs["duration_s"] * jobs["num_gpus"]).sum())
-    span = max(float(jobs["submit_s"].max() - jobs["submit_s"].min()), 1.0)
-    need = max(work / span / load, float(jobs["num_gpus"].max()))
-    return int(math.ceil(need / gpus_per_node) * gpus_per_node)
+    """The bench's fixed sizing rule: :func:`gpufleet.traces.info.gpus_for_load` at ``load``, in nodes of 8 GPUs."""
+    return gpus_for_load(jobs, load, gpus_per_node)
 
 
 def run_case(

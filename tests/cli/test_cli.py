@@ -180,3 +180,21 @@ def test_help_lists_commands():
     assert res.returncode == 0
     for cmd in ("simulate", "traces", "policies"):
         assert cmd in res.stdout
+
+
+def test_simulate_load_sizes_the_cluster_to_the_trace(small_csv):
+    from gpufleet.spec import load_cluster
+    from gpufleet.traces import load_trace
+    from gpufleet.traces.info import gpus_for_load
+
+    cols = "submit=submission_time,duration=duration,gpus=num_gpu"
+    mapping = dict(pair.split("=") for pair in cols.split(","))
+    jobs = load_trace(str(small_csv), columns=mapping).jobs
+    expected = load_cluster(None).resized(gpus_for_load(jobs, 0.9)).total_gpus()
+    res = gpufleet("simulate", "--trace", str(small_csv), "--columns", cols, "--load", "0.9", "--policy", "fifo")
+    assert res.returncode == 0, res.stderr
+    assert f"({expected:,} training GPUs)" in res.stderr
+    both = gpufleet("simulate", "--trace", str(small_csv), "--columns", cols, "--load", "0.9", "--gpus", "8")
+    assert both.returncode != 0 and "--load or --gpus" in both.stderr
+    bad = gpufleet("simulate", "--trace", str(small_csv), "--columns", cols, "--load", "0")
+    assert bad.returncode != 0 and "--load must be above 0" in bad.stderr

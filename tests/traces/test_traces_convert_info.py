@@ -12,6 +12,7 @@ from polars.testing import assert_frame_equal
 
 from gpufleet.errors import TraceError
 from gpufleet.traces import JOB_SCHEMA, ORIGIN_KEY, load_trace, trace_info, write_trace
+from gpufleet.traces.info import gpus_for_load
 from gpufleet.traces.synthetic import PHILLY_GPU_MIX
 
 
@@ -113,3 +114,34 @@ def test_info_empty_trace(tmp_path: Path) -> None:
     path.write_text("submit_s,duration_s,num_gpus\n1,-1,1\n")
     info = trace_info(load_trace(path))
     assert info["jobs"] == 0 and info["rejected"] == {"duration_s <= 0": 1} and info["span_s"] == 0.0
+
+
+def _jobs(submit: list[float], duration: list[float], gpus: list[int]) -> pl.DataFrame:
+    return pl.DataFrame({"submit_s": submit, "duration_s": duration, "num_gpus": gpus})
+
+
+def test_gpus_for_load_offers_the_load_in_whole_nodes() -> None:
+    # 4 jobs over 1,000 s: 8 x 500 + 4 x 1,000 + 2 x 250 + 1 x 2,000 = 10,500 GPU-s, 10.5 busy GPUs on average
+    jobs = _jobs([0, 250, 500, 1000], [500, 1000, 250, 2000], [8, 4, 2, 1])
+    assert gpus_for_load(jobs, 1.0) == 11
+    assert gpus_for_load(jobs, 0.5) == 21
+    assert gpus_for_load(jobs, 0.9, gpus_per_node=8) == 16  # 11.67 -> two nodes
+    assert gpus_for_load(jobs, 2.0) == 8  # overloaded, but never below the largest job
+
+
+def test_gpus_for_load_is_the_smallest_size_at_or_under_the_load(philly_load) -> None:
+    jobs = philly_load.jobs.sort("submit_s").slice(20_000, 2_000)
+    work = float((jobs["duration_s"] * jobs["num_gpus"]).sum())
+    span = float(jobs["submit_s"].max() - jobs["submit_s"].min())
+    for load in (0.5, 0.9, 1.3):
+        g = gpus_for_load(jobs, load, gpus_per_node=8)
+        assert g % 8 == 0 and g >= jobs["num_gpus"].max()
+        assert work / span / g <= load  # offered load at this size is at most the target ...
+        assert g == 8 or work / span / (g - 8) > load  # ... and one node fewer would exceed it
+
+
+@pytest.mark.parametrize(("load", "gpn", "frame"), [(0.0, 1, None), (-1.0, 1, None), (0.9, 0, None), (0.9, 1, "empty")])
+def test_gpus_for_load_refuses_what_it_cannot_size(load, gpn, frame) -> None:
+    jobs = _jobs([], [], []) if frame == "empty" else _jobs([0, 10], [5, 5], [1, 1])
+    with pytest.raises(TraceError):
+        gpus_for_load(jobs, load, gpus_per_node=gpn)

@@ -44,6 +44,15 @@ def simulate(
         ),
     ] = None,
     gpus: Annotated[int | None, typer.Option(help="Resize the training pools to at least this many GPUs.")] = None,
+    size_load: Annotated[
+        float | None,
+        typer.Option(
+            "--load",
+            help="Size the training pools so that the trace offers this share of their GPU-time over its arrival "
+            "window (0.9: queues form, as in bench/placement_eval.py); whole nodes, at least the largest job. "
+            "Instead of --gpus.",
+        ),
+    ] = None,
     policy: Annotated[
         str,
         typer.Option(
@@ -198,6 +207,14 @@ def simulate(
     if breakdown not in (None, "vc", "size"):
         raise typer.BadParameter("--breakdown must be 'vc' or 'size'")
     load = load_jobs(trace, columns, vc, reader)
+    if size_load is not None:
+        if gpus is not None:
+            raise typer.BadParameter("--load sizes the cluster itself: give --load or --gpus, not both")
+        if not size_load > 0:
+            raise typer.BadParameter("--load must be above 0 (0.9: the trace offers 90 % of the GPU-time)")
+        from gpufleet.traces.info import gpus_for_load
+
+        gpus = gpus_for_load(load.jobs, size_load)
     spec = load_cluster(cluster, gpus)
     opts = parse_policy_opts(opt or [], [*policies, *placements])
     for name, path in {**model_paths, **placement_paths}.items():
