@@ -134,7 +134,8 @@ def main() -> None:
         ("calibration", "the only rows any constant was fitted on"),
         ("held-out", "held apart since issue 28's first pass; looked at while the model was revised"),
         ("fresh2", "recorded before revision 4 (commit a106ad0), judged once at its end; seen since"),
-        ("fresh3", "recorded in revision 6 (commit 286b6b5) before any prediction, judged once at its end"),
+        ("fresh3", "recorded in revision 6 (commit 286b6b5) before any prediction, judged once at its end; seen since"),
+        ("fresh4", "recorded in revision 7 before any prediction, judged once at its end"),
     ):
         part = table.filter(table["split"] == split)
         if part.is_empty():
@@ -145,8 +146,9 @@ def main() -> None:
             f"<= 5 % / <= 15 %); {int((~part['fits']).sum())} predicted over the GPU's memory"
         )
     console.print(f"{table['row'].n_unique()} table rows predicted, {len(skipped)} skipped\n")
-    _print_loso(console, [c for c in cases if c.split != "fresh3"])  # the seen splits; fresh3 is judged on its own
-    for split in ("held-out", "fresh2", "fresh3"):
+    # the seen splits less fresh3 (as revision 6 ran it, so figures stay comparable); fresh4 is judged on its own
+    _print_loso(console, [c for c in cases if c.split not in ("fresh3", "fresh4")])
+    for split in ("held-out", "fresh2", "fresh3", "fresh4"):
         part = table.filter(table["split"] == split)
         worst = Table(title=f"{split} rows above 10 % error (+ = predicted faster than measured)")
         for col in ("row", "case", "stack", "layout", "error %", "GiB / GPU"):
@@ -199,7 +201,7 @@ def main() -> None:
         f"runs of >= {TRUST_MIN_GPUS:,} GPUs: {int((~big['trusted']).sum())} of {big.height} where the planner's best "
         f"is more than {TRUST_GAP_PCT:g} % faster than the published layout (marked !)"
     )
-    for split in ("calibration", "held-out", "fresh2", "fresh3"):
+    for split in ("calibration", "held-out", "fresh2", "fresh3", "fresh4"):
         part = big.filter(pl.Series([splits.get(r, "") == split for r in big["row"]]))
         console.print(f"  {split}: {int((~part['trusted']).sum())} of {part.height}")
     console.print()

@@ -1,4 +1,4 @@
-"""The ground truth's data roles: fresh2 is read but held apart from every fit; H200 rows map to the catalog."""
+"""The ground truth's data roles: fresh2-fresh4 are read but held apart from every fit; H200 rows map to the catalog."""
 
 from __future__ import annotations
 
@@ -64,3 +64,17 @@ def test_fresh3_rows_are_read_and_never_calibrate() -> None:
     assert {split_of(c) for c in fresh3} == {"fresh3"}
     with pytest.raises(ValueError, match="no calibration rows"):
         calibrate(fresh3, default_efficiency())
+
+
+def test_fresh4_rows_are_read_from_two_publications_and_never_calibrate() -> None:
+    from gpufleet.perf.crossval import source_document
+
+    cases, _ = read_cases()
+    fresh4 = [c for c in cases if c.split == "fresh4"]
+    assert len({c.row for c in fresh4}) == 25  # recorded in revision 7 before any prediction was run on them
+    assert {source_document(c) for c in fresh4} == {"DGXC Benchmarking 24.11.1", "torchtitan performance doc (2024-08)"}
+    assert {c.options.precision for c in fresh4} == {"bf16", "fp8"}
+    assert not any(is_calibration(c) for c in fresh4)
+    assert {split_of(c) for c in fresh4} == {"fresh4"}
+    with pytest.raises(ValueError, match="no calibration rows"):
+        calibrate(fresh4, default_efficiency())

@@ -52,6 +52,8 @@ _DOCUMENTS: tuple[tuple[str, str], ...] = (
     (r"torchtitan benchmarks/llama3_h100_202412", "torchtitan Llama 3 H100 (2024-12)"),
     (r"torchtitan benchmarks/asyncTP", "torchtitan async TP (2025-06)"),
     (r"torchtitan benchmarks/llama3-8b_h200", "torchtitan Llama 3 8B H200 (Trainy)"),
+    (r"torchtitan docs/performance\.md \(Aug 2024", "torchtitan performance doc (2024-08)"),
+    (r"^NVIDIA/dgxc-benchmarking", "DGXC Benchmarking 24.11.1"),
 )
 
 

@@ -37,7 +37,7 @@ _CALIBRATION_RULES: dict[str, Callable[[Case], bool]] = {
 
 
 def split_of(case: Case) -> str:
-    """The split ``case`` belongs to: its ``split`` column (calibration, held-out, fresh2, fresh3), else the rules."""
+    """The split ``case`` belongs to: its ``split`` column (calibration, held-out, fresh2-fresh4), else the rules."""
     if case.split:
         return case.split
     return "calibration" if is_calibration(case) else "held-out"
