@@ -55,6 +55,7 @@ FITTED: tuple[tuple[str, str, float, float], ...] = (
     ("stack.deepspeed-megatron", "compute", 0.5, 1.5),
     ("stack.megascale", "compute", 0.5, 1.5),
     ("stack.fsdp", "compute", 0.5, 1.5),
+    ("stack.metaseq", "compute", 0.5, 1.5),  # revision 7: fitted only where OPT-175B's row calibrates
     ("stack.torchtitan", "compute", 0.5, 1.5),
     ("stack.torchtitan", "fp8", 0.3, 1.5),  # torchao Float8 (dynamic scaling): calibrated on its own fp8 row
 )
@@ -122,6 +123,18 @@ def fitted_values(eff: Efficiency) -> np.ndarray:
     )
 
 
+def _without_unfitted_stacks(eff: Efficiency, added: set[str], chosen: Sequence[Case]) -> Efficiency:
+    """``eff`` without the stack tables the fit added that no calibration row uses: those stacks keep falling back."""
+    used = {c.options.stack for c in chosen}
+    unfitted = added - used
+    if not unfitted:
+        return eff
+    data = eff.model_dump()
+    for name in unfitted:
+        del data["stack"][name]
+    return Efficiency.model_validate(data)
+
+
 def calibrate(cases: Sequence[Case], base: Efficiency, *, max_nfev: int = 400) -> tuple[Efficiency, dict[str, float]]:
     """Refit ``FITTED`` on the calibration cases; returns the new constants and a fit summary."""
     chosen = [c for c in cases if is_calibration(c)]
@@ -129,9 +142,11 @@ def calibrate(cases: Sequence[Case], base: Efficiency, *, max_nfev: int = 400) -
         raise ValueError("no calibration rows among the cases")
     weights = fit_weights(chosen)
     base_data = base.model_dump()
+    added = set()
     for section, _, _, _ in FITTED:  # a start file without a stack's table starts that stack at the reference
-        if section.startswith("stack."):
-            base_data["stack"].setdefault(section.split(".", 1)[1], {"compute": 1.0})
+        if section.startswith("stack.") and section.split(".", 1)[1] not in base_data["stack"]:
+            added.add(section.split(".", 1)[1])
+            base_data["stack"][section.split(".", 1)[1]] = {"compute": 1.0}
     base = Efficiency.model_validate(base_data)
     x0 = np.array([_get(base_data, s, k) for s, k, _, _ in FITTED])
     lower, upper = BOUNDS
@@ -141,7 +156,7 @@ def calibrate(cases: Sequence[Case], base: Efficiency, *, max_nfev: int = 400) -
         return log_residuals(chosen, with_values(base, x), weights)
 
     fit = least_squares(residuals, x0, bounds=(lower, upper), x_scale="jac", diff_step=1e-3, max_nfev=max_nfev)
-    eff = with_values(base, fit.x)
+    eff = _without_unfitted_stacks(with_values(base, fit.x), added, chosen)
     res = np.abs(np.expm1(residuals(fit.x) / weights)) * 100.0
     summary = {"rows": float(len(chosen)), "mean_pct": float(res.mean()), "max_pct": float(res.max())}
     return eff, summary | {"nfev": float(fit.nfev)}

@@ -310,7 +310,7 @@ _GROUP_STACKS = {
     "Megatron-Core H100": "megatron-core",
     "torchtitan (FSDP)": "torchtitan",
     "BLOOM": "deepspeed-megatron",
-    "OPT": "fsdp",
+    "OPT": "metaseq",
     "DeepSeek-V3": "hai-llm",
     "Llama 3": "llama3",
     "MT-NLG": "deepspeed-megatron",
@@ -455,7 +455,15 @@ def _recompute(text: str | None) -> tuple[str, ...]:
     return ("none",)
 
 
-_MEMORY_RECIPE = ("selective_policy", "fp8_cache", "schedule", "lean_activations", "optimizer_bytes")
+#: What a row takes from its stack's usual settings: its memory recipe, and what its TP overlap hides (revision 7).
+_MEMORY_RECIPE = (
+    "selective_policy",
+    "fp8_cache",
+    "schedule",
+    "lean_activations",
+    "optimizer_bytes",
+    "tp_overlap_backward",
+)
 
 
 def _row_options(source: _Source, row: dict[str, str | None], tp: int, pp: int, stack: str | None) -> dict[str, Any]:

@@ -30,6 +30,11 @@ class TrainOptions(BaseModel):
     )
     grad_reduce_bytes: Literal[2, 4] = Field(default=4, description="4: fp32 gradient reduction (Megatron)")
     tp_overlap: bool = False
+    tp_overlap_backward: bool = Field(
+        default=True,
+        description="TP overlap hides the backward's collectives too (Transformer Engine's userbuffers); torchtitan's "
+        "async TP (micro-pipelined all-gather / reduce-scatter matmuls) hides the forward's only",
+    )
     pp_overlap: bool = False
     dp_overlap: bool = False
     parallel_block: bool = False
