@@ -123,12 +123,13 @@ THIN_CASES = tuple(
 
 def load_case(case: TraceCase, columns: dict[str, str] | None = ELASTICFLOW_COLUMNS) -> pl.DataFrame:
     """The case's jobs with communication profiles (ElasticFlow: from the model names; Philly: equal mix).
-    An external case is read from its path with ``columns`` (None: the trace's own canonical columns)."""
+    An external (or selection-file) case is read from its path with ``columns`` (None: the trace's own canonical
+    columns)."""
     if case.source == "philly":
         jobs = load_trace("philly").jobs.sort("submit_s").slice(case.start, case.jobs)
         jobs = jobs.gather_every(case.stride, case.offset) if case.stride > 1 else jobs
         jobs = jobs.with_columns(pl.col("submit_s") - pl.col("submit_s").min())
-    elif case.role == "external":
+    elif case.role in ("external", "selection-file"):  # a path
         jobs = load_trace(case.source, columns=columns).jobs
         jobs = jobs.with_columns(pl.col("submit_s") - pl.col("submit_s").min())
     else:

@@ -44,7 +44,17 @@ from gpufleet.sim.run import RunSpec, run_one
 from gpufleet.sim.workload import Workload, partitions_for
 from gpufleet.spec import load_cluster
 from gpufleet.traces import load_trace
-from placement_eval import CASES, EVAL_WINDOWS, SELECTION_CASES, SMALL_CASES, THIN_CASES, load_case, sized_gpus
+from placement_eval import (
+    CASES,
+    EVAL_WINDOWS,
+    SELECTION_CASES,
+    SMALL_CASES,
+    THIN_CASES,
+    TraceCase,
+    load_case,
+    sized_gpus,
+    trace_columns,
+)
 
 ORDERS = ("srtf", "las", "tiresias", "fifo", "sjf")
 MIXES = ("heavy", "medium", "light", "random", "equal")
@@ -126,8 +136,12 @@ def train(args: argparse.Namespace) -> None:
 
 
 # -- selection on the validation (+ selection) traces only -------------------------------------------------------
-#: What selection may look at: every case of these roles (never held-apart or external traces).
-SELECT_ROLES = ("validation", "selection", "selection-small", "selection-thin")
+#: What selection may look at: every case of these roles (never held-apart or external traces), and the trace files
+#: named with ``select --trace-file`` (role ``selection-file``: real traces already judged once, now selection data).
+SELECT_ROLES = ("validation", "selection", "selection-small", "selection-thin", "selection-file")
+#: Trace files given to ``select --trace-file`` (set in :func:`select`; a process-pool worker gets them by fork).
+FILE_CASES: list[TraceCase] = []
+FILE_COLUMNS: dict[str, str] | None = None
 
 
 def _run(jobs: pl.DataFrame, spec: Any, label: str, network: bool, opts: dict) -> dict:
@@ -141,14 +155,19 @@ def _run(jobs: pl.DataFrame, spec: Any, label: str, network: bool, opts: dict) -
 def _cell(task: tuple[str, str, str, bool, dict]) -> tuple[str, dict]:
     """One run of a selection cell (a process-pool task): (cache key, its figures)."""
     name, order, placement, network, opts = task
-    case = next(c for c in CASES + SELECTION_CASES + SMALL_CASES + THIN_CASES if c.name == name)
-    jobs = load_case(case)
+    case = next(c for c in _known() if c.name == name)
+    jobs = load_case(case, FILE_COLUMNS) if case.role == "selection-file" else load_case(case)
     spec = load_cluster(None).resized(sized_gpus(jobs))
     label = order if placement == "consolidate" else f"{order}+{placement}"
     return _key(name, order, placement, network, opts), {
         **_run(jobs, spec, label, network, opts),
         "gpus": sized_gpus(jobs),
     }
+
+
+def _known() -> tuple[TraceCase, ...]:
+    """Every case selection may name: the bundled ones and the ``--trace-file`` ones."""
+    return CASES + SELECTION_CASES + SMALL_CASES + THIN_CASES + tuple(FILE_CASES)
 
 
 def _key(name: str, order: str, placement: str, network: bool, opts: dict) -> str:
@@ -165,7 +184,7 @@ def validate(
     if bad:
         raise SystemExit(f"selection may not look at {', '.join(sorted(bad))}")
     done = json.loads(cache.read_text()) if cache.is_file() else {}
-    cases = [c for c in CASES + SELECTION_CASES + SMALL_CASES + THIN_CASES if c.role in roles]
+    cases = [c for c in _known() if c.role in roles]
     tasks = [(c.name, o, "consolidate", False, {}) for c in cases for o in orders]
     tasks += [
         (c.name, o, pl_name, True, {}) for c in cases for o in orders for pl_name in ("consolidate", "contention")
@@ -261,6 +280,11 @@ def select(args: argparse.Namespace) -> None:
     for p in ckpts if not args.rules_only else []:
         variants[p.stem] = {"model": str(p), "wait_rule": 0.0, **extra}
     roles = tuple(args.roles.split(","))
+    global FILE_COLUMNS
+    FILE_COLUMNS = trace_columns(args.columns)
+    FILE_CASES[:] = [TraceCase(Path(p).stem, "selection-file", str(p)) for p in args.trace_file]
+    if FILE_CASES and "selection-file" not in roles:
+        roles = (*roles, "selection-file")
     frame = validate(variants, args.orders.split(","), Path(args.cache), roles, args.jobs)
     if args.json:
         frame.write_json(args.json)
@@ -291,6 +315,13 @@ def main() -> None:
     s.add_argument("--rules", help='JSON {name: rl options} of rule variants to judge beside "rule" (the default)')
     s.add_argument("--rules-only", action="store_true", help="judge no checkpoint, only the rule variants")
     s.add_argument("--roles", default="validation", help=f"comma-separated, of {', '.join(SELECT_ROLES)}")
+    s.add_argument(
+        "--trace-file",
+        action="append",
+        default=[],
+        help="a real trace already judged once, now selection data (repeatable; role selection-file)",
+    )
+    s.add_argument("--columns", default="elasticflow", help="how --trace-file names its columns (placement_eval)")
     s.add_argument("--jobs", type=int, default=1, help="runs in parallel (process pool)")
     s.add_argument("--cache", default="/tmp/placement_select_runs.json")
     s.add_argument("--json")

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from gpufleet.sched.placement.base import Placement
 from gpufleet.sched.placement.consolidate import Consolidate
 from gpufleet.sched.policy import Policy
 from gpufleet.sim.config import SimConfig
@@ -118,6 +119,9 @@ class Simulator:
         # Only where keys do not drift with time (heap-ranked policies) and the placement decides from the
         # cluster's state alone (no random draws).
         self._skip_futile = not policy.scan_running and policy.placer.deterministic
+        # a placement that asks for passes of its own (``Placement.next_wakeup``) is asked after each pass
+        placer = policy.placer
+        self._placer_wake = placer.next_wakeup if type(placer).next_wakeup is not Placement.next_wakeup else None
         # the default placement is the partition's own allocator: call it without the two layers between
         direct = type(policy.placer) is Consolidate and type(policy).place is Policy.place
         self._place = self._allocate if direct else policy.place
@@ -847,6 +851,9 @@ class Simulator:
                 for hook in pass_hooks:
                     hook(t)
                 wake = pol.next_wakeup(t)
+                if self._placer_wake is not None:
+                    pw = self._placer_wake(t)
+                    wake = pw if pw is not None and (wake is None or pw < wake) else wake
                 if wake is not None and t < wake != self._wakeup_at:
                     self._seq += 1
                     self._wakeup_seq = self._seq

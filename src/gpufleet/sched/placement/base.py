@@ -67,6 +67,10 @@ class Placement:
         """The GPUs taken from ``part`` for job ``j``, or None (no fit, or :attr:`waited`)."""
         raise NotImplementedError
 
+    def next_wakeup(self, now: float) -> float | None:
+        """Absolute time at which the placement wants another scheduling pass (asked after each pass; None: none)."""
+        return None
+
 
 PLACEMENTS: Registry[Placement] = Registry(
     "placement", ConfigError, listing="Available", package="gpufleet.sched.placement", set_name=False, suggest=True

@@ -118,6 +118,11 @@ class RLPlacement(CandidatePlacement):
     #: ``small_nodes`` 8, but on the two real clusters of at most 8 nodes judged at the end it was worse (ElasticFlow
     #: cluster01 closes none of the network gap; philly_103959 fails 3 orders against contention, not 1), so the
     #: default stays the third round's (docs/contention.md, fourth round: a choice made after seeing those traces).
+    #: ``conserve`` > 0: a hold must not leave GPUs idle. After each scheduling pass, a job held in it whose
+    #: partition still has at least ``conserve`` x its GPUs free (the jobs behind it did not take them) is decided
+    #: again at once (a pass :data:`CONSERVE_DT` later) and not held in that pass: it takes consolidate's plan, unless
+    #: a better job takes the GPUs first. Holds then
+    #: only stand while the smaller jobs that go first use the GPUs (fifth round, docs/contention.md).
     #: ``guard`` 0: the unguarded policy of the ``rl`` alias (the t = 0 mixes it was trained and judged on).
     #: ``arrivals``: 1 observes the arrival features (:func:`gpufleet.sched.rl_features.arrival_features`), 0 not,
     #: -1 (default) as wide as the model reads (a decider gets the old observation). ``model`` empty: the guarded
@@ -139,6 +144,7 @@ class RLPlacement(CandidatePlacement):
         "small_nodes": 0.0,
         "small_rule": -1.0,
         "small_wait": 0.0,
+        "conserve": 0.0,
     }
 
     def __init__(self, decider: Decider | None = None, **opts: Any) -> None:
@@ -154,6 +160,8 @@ class RLPlacement(CandidatePlacement):
         self._wait_since: dict[int, float] = {}  # job -> when its placement last chose to hold it
         self._waited: dict[int, float] = {}  # job -> seconds spent so far in waits its placement chose
         self._observed = _RunObserver()
+        self._held_now: dict[int, int] = {}  # job -> partition, held in the pass just run (``conserve``)
+        self._release: set[int] = set()  # jobs whose hold left GPUs idle: not held at their next decision
 
     def bind(self, sim: Any) -> None:
         super().bind(sim)
@@ -166,6 +174,7 @@ class RLPlacement(CandidatePlacement):
             self._fast, self._width = actor.probs, actor.n_obs
         self._wait_since, self._waited = {}, {}
         self._observed = _RunObserver()
+        self._held_now, self._release = {}, set()
         mode = float(self.opts["arrivals"])
         self._arrivals = mode > 0 or (mode < 0 and self._width >= ARRIVAL_OBS_SIZE)
 
@@ -259,6 +268,9 @@ class RLPlacement(CandidatePlacement):
             sc = scores[ANCHOR] if cands[ANCHOR] is not None else None
             rem = max(float(self.sim.remaining[j]), 1.0)
             wait_ok = sc is not None and waited < wait_budget(rem, sc[0], sc[2], g)
+        if j in self._release:  # its last hold left GPUs idle that no job behind it took: it runs now
+            self._release.discard(j)
+            wait_ok = False
         if not wait_ok and small and small_rule > 0:  # the heuristic's node set, no one asked
             return least_cost([sc if allowed[i] else None for i, sc in enumerate(scores)], g)[0]
         if not wait_ok:  # nothing to choose when every allowed slot is the same node set: no one is asked
@@ -267,11 +279,11 @@ class RLPlacement(CandidatePlacement):
                 return int(slots[-1])
         self.decisions += 1
         if wait_ok and float(self.opts["wait_rule"]) > 0:
-            return self._hold(j)
+            return self._hold(j, p)
         allowed[WAIT] = wait_ok
         action = self._act(obs, allowed)
         if action == WAIT and allowed[WAIT]:
-            return self._hold(j)
+            return self._hold(j, p)
         if action < WAIT and allowed[action]:
             return action
         if action == HEURISTIC:  # the cheapest allowed candidate: the heuristic's choice when it is allowed
@@ -282,10 +294,27 @@ class RLPlacement(CandidatePlacement):
             return least_cost([sc if allowed[i] else None for i, sc in enumerate(scores)], g)[0]
         return ANCHOR if cands[ANCHOR] is not None else least_cost(scores, g)[0]
 
-    def _hold(self, j: int) -> None:
-        """Hold job ``j`` for a better slot, counting the time until its next decision against its wait budget."""
+    def _hold(self, j: int, p: int = 0) -> None:
+        """Hold job ``j`` (on partition ``p``) for a better slot, counting the time until its next decision against
+        its wait budget."""
         self.waits += 1
         self._wait_since[j] = self.sim.now
+        if float(self.opts["conserve"]) > 0:
+            self._held_now[j] = p
+
+    def next_wakeup(self, now: float) -> float | None:
+        """With ``conserve``: a pass at once for the jobs held in the pass just run whose GPUs stayed idle (the
+        release holds for the next pass only: it has run when this is asked again)."""
+        self._release.clear()
+        if not self._held_now:
+            return None
+        sim, share = self.sim, float(self.opts["conserve"])
+        idle = [j for j, p in self._held_now.items() if sim.parts[p].total_free >= share * sim.gpus[j]]
+        self._held_now = {}
+        if not idle:
+            return None
+        self._release.update(idle)
+        return now + CONSERVE_DT
 
     def _close_wait(self, j: int) -> float:
         """Seconds job ``j`` has spent in waits this placement chose, closing the one since its last decision
@@ -359,6 +388,8 @@ def wait_budget(remaining: float, speed: float, harm: float, gpus: int) -> float
     return remaining / speed * (1.0 - speed + harm / max(gpus, 1))
 
 
+#: How soon after a pass the jobs whose holds left GPUs idle are decided again (``conserve``), in seconds.
+CONSERVE_DT = 1e-3
 #: Where the observation keeps how soon enough GPUs for the job free up (over its remaining time, clipped at 4, / 4).
 SOON = N_SLOTS * SLOT_FEATURES + 4
 #: The slot of consolidate's own plan (fewest nodes, best fit), the anchor of the guarded policy.
