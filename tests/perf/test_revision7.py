@@ -59,3 +59,25 @@ def test_calibrate_fits_metaseq_only_where_its_row_calibrates() -> None:
     with_opt, _ = calibrate([other, dataclasses.replace(opt, split="calibration")], default_efficiency(), max_nfev=2)
     assert "metaseq" in with_opt.stack
     assert resolve_stack("metaseq", with_opt)[1] == "metaseq"
+
+
+def _compute(precision: str, overhead_us: float, hidden: int) -> float:
+    eff = default_efficiency()
+    eff = eff.model_copy(update={"software": eff.software.model_copy(update={"fp8_layer_overhead_us": overhead_us})})
+    model = get_model("llama3-8b").with_overrides(hidden=hidden)
+    system = System.build("h100", "ib-ndr")
+    layout = Layout(tp=1, dp=8, mbs=1)
+    options = TrainOptions(precision=precision)
+    return estimate_step(model, system, layout, 64, options=options, efficiency=eff).values["compute"]
+
+
+def test_fp8_scaling_kernels_cost_a_fixed_time_per_layer_that_weighs_most_on_small_models() -> None:
+    layers = get_model("llama3-8b").layers
+    micro_batches = 64 // 8
+    for hidden in (2048, 8192):
+        added = _compute("fp8", 150.0, hidden) - _compute("fp8", 0.0, hidden)
+        assert added == pytest.approx(layers * micro_batches * 150e-6, rel=1e-6)
+    assert _compute("bf16", 150.0, 4096) == _compute("bf16", 0.0, 4096)  # bf16 runs launch no scaling kernels
+    small = (_compute("fp8", 150.0, 2048) / _compute("fp8", 0.0, 2048)) - 1.0
+    large = (_compute("fp8", 150.0, 8192) / _compute("fp8", 0.0, 8192)) - 1.0
+    assert small > 2.0 * large

@@ -49,6 +49,8 @@ FITTED: tuple[tuple[str, str, float, float], ...] = (
     ("network.roce", "efficiency", 0.5, 0.95),
     ("software", "tp_overlap_exposed", 0.0, 1.0),
     ("software", "layer_overhead_us", 0.0, 300.0),
+    # fp8 only: about 30 extra kernels per layer (amax, scale update, cast per GEMM operand) at 5 us each
+    ("software", "fp8_layer_overhead_us", 0.0, 150.0),
     # per training stack, relative to megatron-core (= 1, the generation constants): only stacks with
     # calibration rows; the bounds allow a stack half to one and a half times the reference's compute rate
     ("stack.megatron-2021", "compute", 0.5, 1.5),

@@ -84,6 +84,7 @@ class SoftwareConstants(BaseModel):
     fused_elementwise: float = Field(ge=0, le=1)
     step_overhead_s: float = Field(ge=0)
     layer_overhead_us: float = Field(ge=0)
+    fp8_layer_overhead_us: float = Field(default=0.0, ge=0)  # fp8 scaling kernels of a layer (revision 7)
     memory_reserve_gb: float = Field(ge=0)
     ep_overlap_exposed: float = Field(default=0.25, ge=0, le=1)
     overlap_comm_sm_share: float = Field(default=0.15, ge=0, lt=1)

@@ -271,6 +271,8 @@ def evaluate(
     t_recompute = np.select([rc == 2, rc == 1], [t_fwd, t_selective], default=0.0)
     # kernel launches and host-side gaps of one layer's forward + backward (matter for small layers)
     t_layer_compute = 3.0 * t_fwd + t_recompute + sw.layer_overhead_us * 1e-6
+    if opt.precision == "fp8":  # fp8 scaling launches an amax, a scale update and a cast around every GEMM operand
+        t_layer_compute = t_layer_compute + sw.fp8_layer_overhead_us * 1e-6
     if rev3:  # GEMM outputs written through HBM: full-width outputs of narrow (row-parallel) GEMMs
         io_fwd, io_bwd = gemm_output_bytes_per_token_layer(model, tp)
         t_layer_compute = t_layer_compute + (io_fwd * (1.0 + (rc == 2)) + io_bwd) * tok / mem_rate
