@@ -89,7 +89,9 @@ def _set(data: dict, section: str, key: str, value: float) -> None:
             table[key] = value
         return
     node = data
-    for part in parts:
+    for i, part in enumerate(parts):
+        if part not in node and i == 1 and parts[0] == "stack":  # a stack the file has no table for: the reference
+            node[part] = {"compute": 1.0}
         node = node[part]
     node[key] = value
 
