@@ -97,7 +97,7 @@ def calibrate_table(
     manager shown while fitting."""
     import contextlib
 
-    from gpufleet.perf.calibrate import FITTED, _get, calibrate, write_efficiency
+    from gpufleet.perf.calibrate import FITTED, calibrate, fitted_values, write_efficiency
     from gpufleet.perf.efficiency import default_efficiency
     from gpufleet.perf.validate import error_summary, is_calibration, validate_cases
     from gpufleet.spec.catalog import data_file
@@ -117,7 +117,9 @@ def calibrate_table(
     target.parent.mkdir(parents=True, exist_ok=True)
     write_efficiency(eff, template, target)
     old, new = base.model_dump(), eff.model_dump()
+    # a stack without a table (no calibration row, e.g. metaseq) reads as the reference, 1, before and after
     fitted = [
-        (section, key, lo, hi, _get(old, section, key), _get(new, section, key)) for section, key, lo, hi in FITTED
+        (section, key, lo, hi, float(x0), float(x1))
+        for (section, key, lo, hi), x0, x1 in zip(FITTED, fitted_values(base), fitted_values(eff), strict=True)
     ]
     return CalibrationRun(path, n_cal, old, new, fitted, before, after, fit, template, target)
