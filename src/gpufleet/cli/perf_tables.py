@@ -320,12 +320,15 @@ def _fmt_metric(kind: str, value: float) -> str:
     return f"{value:.4g}"
 
 
+#: The ground truth's splits, as the summary tables list them after 'all rows'.
+_SPLITS = ("calibration", "held-out", "fresh", "fresh2", "fresh3", "fresh4")
+
+
 def _summary_table(summary: Any, title: str) -> Table:
     table = Table(title=title, header_style="bold")
     for col in ("subset", "rows", "mean error", "max error"):
         table.add_column(col, justify="left" if col == "subset" else "right")
-    splits = ("calibration", "held-out", "fresh", "fresh2", "fresh3", "fresh4")
-    n_splits = sum(1 for s in summary["subset"] if s in splits)
+    n_splits = sum(1 for s in summary["subset"] if s in _SPLITS)
     for i, row in enumerate(summary.iter_rows(named=True)):
         if i in (1, 1 + n_splits):  # after 'all rows', after the splits (calibration, held-out, fresh2)
             table.add_section()
@@ -477,7 +480,7 @@ def print_calibration(out: Console, run: CalibrationRun) -> None:
         errors.add_column(col, justify="left" if col == "subset" else "right")
     b_rows = {r["subset"]: r for r in run.before.iter_rows(named=True)}
     for r in run.after.iter_rows(named=True):
-        if r["subset"] not in ("all rows", "calibration", "held-out", "fresh", "fresh2", "fresh3", "fresh4"):
+        if r["subset"] != "all rows" and r["subset"] not in _SPLITS:
             continue
         b = b_rows.get(r["subset"], {})
         errors.add_row(

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import least_squares
 
-from gpufleet.perf.efficiency import Efficiency
+from gpufleet.perf.efficiency import Efficiency, StackConstants
 from gpufleet.perf.ground_truth import Case
 from gpufleet.perf.validate import is_calibration, predict_case
 
@@ -89,16 +89,24 @@ def _set(data: dict, section: str, key: str, value: float) -> None:
             table[key] = value
         return
     node = data
-    for i, part in enumerate(parts):
-        if part not in node and i == 1 and parts[0] == "stack":  # a stack the file has no table for: the reference
-            node[part] = {"compute": 1.0}
+    for part in parts:
         node = node[part]
     node[key] = value
+
+
+def _add_reference_stacks(data: dict) -> set[str]:
+    """Give ``data`` (a dumped Efficiency) the reference table of every fitted stack it has none for; their names."""
+    fitted = dict.fromkeys(s.split(".", 1)[1] for s, _, _, _ in FITTED if s.startswith("stack."))  # FITTED's order
+    added = [name for name in fitted if name not in data["stack"]]
+    for name in added:
+        data["stack"][name] = StackConstants().model_dump()
+    return set(added)
 
 
 def with_values(base: Efficiency, x: np.ndarray) -> Efficiency:
     """``base`` with the ``FITTED`` constants set to ``x`` (in ``FITTED``'s order)."""
     data = base.model_dump()
+    _add_reference_stacks(data)
     for (section, key, _, _), value in zip(FITTED, x, strict=True):
         _set(data, section, key, float(value))
     return Efficiency.model_validate(data)
@@ -118,13 +126,8 @@ def log_residuals(cases: Sequence[Case], eff: Efficiency, weights: np.ndarray) -
 def fitted_values(eff: Efficiency) -> np.ndarray:
     """The ``FITTED`` constants of ``eff`` in ``FITTED``'s order (a missing stack table reads as the reference, 1)."""
     data = eff.model_dump()
-    stacks = data["stack"]
-    return np.array(
-        [
-            1.0 if s.startswith("stack.") and s.split(".", 1)[1] not in stacks else _get(data, s, k)
-            for s, k, _, _ in FITTED
-        ]
-    )
+    _add_reference_stacks(data)
+    return np.array([_get(data, s, k) for s, k, _, _ in FITTED])
 
 
 def _without_unfitted_stacks(eff: Efficiency, added: set[str], chosen: Sequence[Case]) -> Efficiency:
@@ -146,13 +149,9 @@ def calibrate(cases: Sequence[Case], base: Efficiency, *, max_nfev: int = 400) -
         raise ValueError("no calibration rows among the cases")
     weights = fit_weights(chosen)
     base_data = base.model_dump()
-    added = set()
-    for section, _, _, _ in FITTED:  # a start file without a stack's table starts that stack at the reference
-        if section.startswith("stack.") and section.split(".", 1)[1] not in base_data["stack"]:
-            added.add(section.split(".", 1)[1])
-            base_data["stack"][section.split(".", 1)[1]] = {"compute": 1.0}
+    added = _add_reference_stacks(base_data)  # a start file without a stack's table starts that stack at the reference
     base = Efficiency.model_validate(base_data)
-    x0 = np.array([_get(base_data, s, k) for s, k, _, _ in FITTED])
+    x0 = fitted_values(base)
     lower, upper = BOUNDS
     x0 = np.clip(x0, lower + 1e-9, upper - 1e-9)
 
