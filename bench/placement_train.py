@@ -156,7 +156,7 @@ def _cell(task: tuple[str, str, str, bool, dict]) -> tuple[str, dict]:
     """One run of a selection cell (a process-pool task): (cache key, its figures)."""
     name, order, placement, network, opts = task
     case = next(c for c in _known() if c.name == name)
-    jobs = load_case(case, FILE_COLUMNS) if case.role == "selection-file" else load_case(case)
+    jobs = load_case(case, FILE_COLUMNS)  # the columns name only a trace file's; bundled cases ignore them
     spec = load_cluster(None).resized(sized_gpus(jobs))
     label = order if placement == "consolidate" else f"{order}+{placement}"
     return _key(name, order, placement, network, opts), {

@@ -262,36 +262,42 @@ def test_a_small_partition_gets_consolidates_run() -> None:
     assert float(make_scheduler("las+rl", {}, {}).placer.opts["small_nodes"]) == 0.0
 
 
-def _idle_holds(conserve: float) -> tuple[list[tuple[int, float]], list[tuple[int, float, bool]], int]:
-    """The eager rule's run with ``conserve``: the holds whose pass ended with the job's GPUs still free on its
-    partition, every decision (job, time, held), and the jobs finished."""
-    idle: list[tuple[int, float]] = []
+def _record_decisions(mp: pytest.MonkeyPatch) -> list[tuple[int, float, bool]]:
+    """Spy on the guarded rule's decisions: the list it fills with (job, time, held) as the run goes."""
     decided: list[tuple[int, float, bool]] = []
-    real_wake, real_choose = rl_mod.RLPlacement.next_wakeup, rl_mod.RLPlacement._choose_guarded
-
-    def spy_wake(self, now: float) -> float | None:
-        sim = self.sim
-        idle.extend((j, now) for j, p in self._held_now.items() if sim.parts[p].total_free >= sim.gpus[j])
-        return real_wake(self, now)
+    real_choose = rl_mod.RLPlacement._choose_guarded
 
     def spy_choose(self, j: int, *args: object) -> int | None:
         idx = real_choose(self, j, *args)
         decided.append((j, self.sim.now, idx is None))
         return idx
 
+    mp.setattr(rl_mod.RLPlacement, "_choose_guarded", spy_choose)
+    return decided
+
+
+def _idle_holds() -> tuple[list[tuple[int, float]], list[tuple[int, float, bool]], int]:
+    """The eager rule's run with ``conserve`` 1: the holds whose pass ended with the job's GPUs still free on its
+    partition, every decision (job, time, held), and the jobs finished."""
+    idle: list[tuple[int, float]] = []
+    real_wake = rl_mod.RLPlacement.next_wakeup
+
+    def spy_wake(self, now: float) -> float | None:
+        sim = self.sim
+        idle.extend((j, now) for j, p in self._held_now.items() if sim.parts[p].total_free >= sim.gpus[j])
+        return real_wake(self, now)
+
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(rl_mod.RLPlacement, "next_wakeup", spy_wake)
-        mp.setattr(rl_mod.RLPlacement, "_choose_guarded", spy_choose)
-        # conserve 0 records nothing held per pass: the spy then sees what conserve 1 would release
-        opts = {"wait_below": 1.01, "outlook": 0.0, "budget": 0.0, "conserve": conserve or 1e-12}
-        res, _ = _run("las+rl", opts)
+        decided = _record_decisions(mp)
+        res, _ = _run("las+rl", {"wait_below": 1.01, "outlook": 0.0, "budget": 0.0, "conserve": 1.0})
     return idle, decided, res.summary["finished"]
 
 
 def test_with_conserve_a_hold_that_leaves_its_gpus_idle_is_undone_at_once() -> None:
     """conserve 1: a job held in a pass after which its GPUs are still free is decided again CONSERVE_DT later and
-    starts then; with a share near 0 (every hold released) no hold stands past its pass."""
-    idle, decided, finished = _idle_holds(1.0)
+    not held then."""
+    idle, decided, finished = _idle_holds()
     assert finished == 60
     assert idle, "the eager rule holds jobs whose GPUs then stay idle"
     redecided = 0
@@ -305,16 +311,8 @@ def test_with_conserve_a_hold_that_leaves_its_gpus_idle_is_undone_at_once() -> N
 
 def test_conserve_off_lets_idle_holds_stand() -> None:
     """Without conserve no pass follows a hold at once: the same eager rule's held jobs wait for the next event."""
-    decided: list[tuple[int, float, bool]] = []
-    real_choose = rl_mod.RLPlacement._choose_guarded
-
-    def spy_choose(self, j: int, *args: object) -> int | None:
-        idx = real_choose(self, j, *args)
-        decided.append((j, self.sim.now, idx is None))
-        return idx
-
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(rl_mod.RLPlacement, "_choose_guarded", spy_choose)
+        decided = _record_decisions(mp)
         res, pol = _run("las+rl", {"wait_below": 1.01, "outlook": 0.0, "budget": 0.0})
     assert res.summary["finished"] == 60 and pol.placer.waits > 0
     held = [(j, t) for j, t, h in decided if h]
