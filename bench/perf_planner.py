@@ -23,7 +23,7 @@ from gpufleet.perf.planner import _candidates, _valid, plan_layouts
 from gpufleet.perf.planner_check import TRUST_GAP_PCT, TRUST_MIN_GPUS, planner_gaps
 from gpufleet.perf.step import estimate_step
 from gpufleet.perf.system import System
-from gpufleet.perf.validate import error_summary, validate_cases
+from gpufleet.perf.validate import UNSEEN_SPLITS, error_summary, seen_cases, validate_cases
 from gpufleet.spec import load_cluster
 from gpufleet.spec.catalog import data_file
 
@@ -135,7 +135,8 @@ def main() -> None:
         ("held-out", "held apart since issue 28's first pass; looked at while the model was revised"),
         ("fresh2", "recorded before revision 4 (commit a106ad0), judged once at its end; seen since"),
         ("fresh3", "recorded in revision 6 (commit 286b6b5) before any prediction, judged once at its end; seen since"),
-        ("fresh4", "recorded in revision 7 before any prediction, judged once at its end"),
+        ("fresh4", "recorded in revision 7 before any prediction, judged once at its end; seen since"),
+        ("fresh5", "recorded in revision 8 (commit 9501f13) before any prediction, judged once at its end"),
     ):
         part = table.filter(table["split"] == split)
         if part.is_empty():
@@ -146,9 +147,11 @@ def main() -> None:
             f"<= 5 % / <= 15 %); {int((~part['fits']).sum())} predicted over the GPU's memory"
         )
     console.print(f"{table['row'].n_unique()} table rows predicted, {len(skipped)} skipped\n")
-    # the seen splits less fresh3 (as revision 6 ran it, so figures stay comparable); fresh4 is judged on its own
-    _print_loso(console, [c for c in cases if c.split not in ("fresh3", "fresh4")])
-    for split in ("held-out", "fresh2", "fresh3", "fresh4"):
+    # revision 8's measure: every seen split (calibration, held-out, fresh2-fresh4); the unseen fresh5 never enters
+    _print_loso(console, seen_cases(cases))
+    # the seen splits less fresh3 and fresh4 (as revisions 6 and 7 ran it, so their figures stay comparable)
+    _print_loso(console, [c for c in cases if c.split not in ("fresh3", "fresh4", *UNSEEN_SPLITS)])
+    for split in ("held-out", "fresh2", "fresh3", "fresh4", "fresh5"):
         part = table.filter(table["split"] == split)
         worst = Table(title=f"{split} rows above 10 % error (+ = predicted faster than measured)")
         for col in ("row", "case", "stack", "layout", "error %", "GiB / GPU"):
@@ -201,7 +204,7 @@ def main() -> None:
         f"runs of >= {TRUST_MIN_GPUS:,} GPUs: {int((~big['trusted']).sum())} of {big.height} where the planner's best "
         f"is more than {TRUST_GAP_PCT:g} % faster than the published layout (marked !)"
     )
-    for split in ("calibration", "held-out", "fresh2", "fresh3", "fresh4"):
+    for split in ("calibration", "held-out", "fresh2", "fresh3", "fresh4", "fresh5"):
         part = big.filter(pl.Series([splits.get(r, "") == split for r in big["row"]]))
         console.print(f"  {split}: {int((~part['trusted']).sum())} of {part.height}")
     console.print()

@@ -11,12 +11,12 @@ from gpufleet.perf.model_spec import get_model
 from gpufleet.perf.options import TrainOptions
 from gpufleet.perf.step import evaluate
 from gpufleet.perf.system import System
-from gpufleet.perf.validate import predict_case
+from gpufleet.perf.validate import predict_case, seen_cases
 
 
 def _bridge_deepseek():
     cases, _ = read_cases()
-    return next(c for c in cases if c.label.startswith("DeepSeek-V3") and c.options.stack == "nemo")
+    return next(c for c in seen_cases(cases) if c.label.startswith("DeepSeek-V3") and c.options.stack == "nemo")
 
 
 def test_bridge_deepseek_v3_recipe_recomputes_mla_up_projections_and_fits():

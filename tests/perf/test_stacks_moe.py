@@ -138,7 +138,7 @@ def test_layouts_written_in_notes_are_read():
 def test_every_row_with_a_shape_and_layout_is_predicted_with_its_stack_and_split():
     cases, skipped = read_cases()
     assert all(("layout" in s.reason) or ("GPU" in s.reason) for s in skipped)
-    assert {c.split for c in cases} == {"calibration", "held-out", "fresh2", "fresh3", "fresh4"}
+    assert {c.split for c in cases} == {"calibration", "held-out", "fresh2", "fresh3", "fresh4", "fresh5"}
     assert all(c.options.stack in stack_names() for c in cases)
     v3 = [c for c in cases if c.model.name.startswith("deepseek-v3")]
     assert v3 and all(c.ep > 1 and c.model.is_moe for c in v3)

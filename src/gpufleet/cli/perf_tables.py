@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gpufleet.cli.common import print_json
+from gpufleet.perf.validate import SPLITS
 from gpufleet.report.fmt import format_step_time, format_tokens
 
 if TYPE_CHECKING:
@@ -321,7 +322,7 @@ def _fmt_metric(kind: str, value: float) -> str:
 
 
 #: The ground truth's splits, as the summary tables list them after 'all rows'.
-_SPLITS = ("calibration", "held-out", "fresh", "fresh2", "fresh3", "fresh4")
+_SPLITS = SPLITS
 
 
 def _summary_table(summary: Any, title: str) -> Table:

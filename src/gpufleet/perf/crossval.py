@@ -28,7 +28,7 @@ from gpufleet.perf.calibrate import BOUNDS, calibrate, fit_weights, fitted_value
 from gpufleet.perf.efficiency import Efficiency
 from gpufleet.perf.ground_truth import Case
 from gpufleet.perf.stacks import resolve_stack
-from gpufleet.perf.validate import predict_case, signed_error_pct, split_of
+from gpufleet.perf.validate import predict_case, seen_cases, signed_error_pct, split_of
 
 __all__ = ["CrossValidation", "leave_one_source_out", "source_document"]
 
@@ -53,7 +53,8 @@ _DOCUMENTS: tuple[tuple[str, str], ...] = (
     (r"torchtitan benchmarks/asyncTP", "torchtitan async TP (2025-06)"),
     (r"torchtitan benchmarks/llama3-8b_h200", "torchtitan Llama 3 8B H200 (Trainy)"),
     (r"torchtitan docs/performance\.md \(Aug 2024", "torchtitan performance doc (2024-08)"),
-    (r"^NVIDIA/dgxc-benchmarking", "DGXC Benchmarking 24.11.1"),
+    (r"^NVIDIA/dgxc-benchmarking v24\.11", "DGXC Benchmarking 24.11.1"),
+    (r"^NVIDIA/dgxc-benchmarking v2[5-9]", "DGXC Benchmarking 25.x"),
 )
 
 
@@ -124,9 +125,10 @@ def leave_one_source_out(
 
     ``exact`` refits from ``base`` with ``calibrate`` per fold (``max_nfev`` iterations, default its 400); otherwise
     (the default) each fold is a chord refit (``max_nfev`` exact model passes, default 8, with the pooled fit's
-    Jacobian) from the fit on all rows.
+    Jacobian) from the fit on all rows. Rows of an unseen split (``UNSEEN_SPLITS``) are left out: no fold fits or
+    predicts them.
     """
-    pooled = [dataclasses.replace(c, split="calibration") for c in cases]
+    pooled = [dataclasses.replace(c, split="calibration") for c in seen_cases(cases)]
     docs = [source_document(c) for c in pooled]
     weights = fit_weights(pooled)
     lower, upper = BOUNDS

@@ -19,7 +19,29 @@ from gpufleet.perf.flops import RECOMPUTE_MODES, hardware_flops_per_step, model_
 from gpufleet.perf.ground_truth import Case
 from gpufleet.perf.step import evaluate
 
-__all__ = ["error_summary", "is_calibration", "predict_case", "signed_error_pct", "split_of", "validate_cases"]
+__all__ = [
+    "CALIBRATION_SPLITS",
+    "SPLITS",
+    "UNSEEN_SPLITS",
+    "error_summary",
+    "is_calibration",
+    "predict_case",
+    "seen_cases",
+    "signed_error_pct",
+    "split_of",
+    "validate_cases",
+]
+
+#: The ground truth's splits, in the order summaries list them ('fresh' is revision 3's set, calibration since).
+SPLITS = ("calibration", "held-out", "fresh", "fresh2", "fresh3", "fresh4", "fresh5")
+
+#: Held-apart splits no revision has judged yet. Every test, fit and cross-validation leaves them out (``seen_cases``);
+#: ``bench/perf_planner.py`` predicts them once, at the revision's end, as their own split.
+UNSEEN_SPLITS = ("fresh5",)
+
+#: Splits whose rows set the constants (``perf calibrate``). The fresh sets join calibration once judged: they can no
+#: longer judge anything (revision 8: fresh2-fresh4); ``held-out`` stays apart, the split the bar names.
+CALIBRATION_SPLITS = ("calibration",)
 
 #: Rows whose errors set the efficiency constants (``perf calibrate``); all others are held out.
 #: Per GPU generation and network: A100 on InfiniBand (Korthikanti, Narayanan Table 1), A100 on RoCE
@@ -36,8 +58,13 @@ _CALIBRATION_RULES: dict[str, Callable[[Case], bool]] = {
 }
 
 
+def seen_cases(cases: Sequence[Case]) -> list[Case]:
+    """``cases`` without the rows of an unseen split (``UNSEEN_SPLITS``): what tests, fits and LOSO may predict."""
+    return [c for c in cases if c.split not in UNSEEN_SPLITS]
+
+
 def split_of(case: Case) -> str:
-    """The split ``case`` belongs to: its ``split`` column (calibration, held-out, fresh2-fresh4), else the rules."""
+    """The split ``case`` belongs to: its ``split`` column (one of ``SPLITS``), else the rules."""
     if case.split:
         return case.split
     return "calibration" if is_calibration(case) else "held-out"
@@ -46,7 +73,7 @@ def split_of(case: Case) -> str:
 def is_calibration(case: Case) -> bool:
     """Whether ``case`` belongs to the calibration subset: the table's ``split`` column, else ``_CALIBRATION_RULES``."""
     if case.split:
-        return case.split == "calibration"
+        return case.split in CALIBRATION_SPLITS
     rule = _CALIBRATION_RULES.get(case.group)
     return rule is not None and rule(case)
 
