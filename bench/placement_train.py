@@ -139,9 +139,6 @@ def train(args: argparse.Namespace) -> None:
 #: What selection may look at: every case of these roles (never held-apart or external traces), and the trace files
 #: named with ``select --trace-file`` (role ``selection-file``: real traces already judged once, now selection data).
 SELECT_ROLES = ("validation", "selection", "selection-small", "selection-thin", "selection-file")
-#: Trace files given to ``select --trace-file`` (set in :func:`select`; a process-pool worker gets them by fork).
-FILE_CASES: list[TraceCase] = []
-FILE_COLUMNS: dict[str, str] | None = None
 
 
 def _run(jobs: pl.DataFrame, spec: Any, label: str, network: bool, opts: dict) -> dict:
@@ -152,11 +149,11 @@ def _run(jobs: pl.DataFrame, spec: Any, label: str, network: bool, opts: dict) -
     return {"avg": float(s["avg_jct_s"]), "p99": float(s["p99_jct_s"]), "s": time.perf_counter() - t0}
 
 
-def _cell(task: tuple[str, str, str, bool, dict]) -> tuple[str, dict]:
-    """One run of a selection cell (a process-pool task): (cache key, its figures)."""
-    name, order, placement, network, opts = task
-    case = next(c for c in _known() if c.name == name)
-    jobs = load_case(case, FILE_COLUMNS)  # the columns name only a trace file's; bundled cases ignore them
+def _cell(task: tuple[TraceCase, dict[str, str] | None, tuple[str, str, str, bool, dict]]) -> tuple[str, dict]:
+    """One run of a selection cell (a process-pool task, which carries its case and the trace files' columns):
+    (cache key, its figures)."""
+    case, columns, (name, order, placement, network, opts) = task
+    jobs = load_case(case, columns)  # the columns name only a trace file's; bundled cases ignore them
     spec = load_cluster(None).resized(sized_gpus(jobs))
     label = order if placement == "consolidate" else f"{order}+{placement}"
     return _key(name, order, placement, network, opts), {
@@ -165,9 +162,9 @@ def _cell(task: tuple[str, str, str, bool, dict]) -> tuple[str, dict]:
     }
 
 
-def _known() -> tuple[TraceCase, ...]:
-    """Every case selection may name: the bundled ones and the ``--trace-file`` ones."""
-    return CASES + SELECTION_CASES + SMALL_CASES + THIN_CASES + tuple(FILE_CASES)
+def _known(files: tuple[TraceCase, ...] = ()) -> tuple[TraceCase, ...]:
+    """Every case selection may name: the bundled ones and the ``--trace-file`` ones (``files``)."""
+    return CASES + SELECTION_CASES + SMALL_CASES + THIN_CASES + files
 
 
 def _key(name: str, order: str, placement: str, network: bool, opts: dict) -> str:
@@ -175,16 +172,24 @@ def _key(name: str, order: str, placement: str, network: bool, opts: dict) -> st
 
 
 def validate(
-    variants: dict[str, dict], orders: list[str], cache: Path, roles: tuple[str, ...] = ("validation",), jobs: int = 1
+    variants: dict[str, dict],
+    orders: list[str],
+    cache: Path,
+    roles: tuple[str, ...] = ("validation",),
+    jobs: int = 1,
+    files: tuple[TraceCase, ...] = (),
+    columns: dict[str, str] | None = None,
 ) -> pl.DataFrame:
     """Each variant (rl placement options) against consolidate and contention under every order, on the cases of
-    ``roles`` (validation and selection only); every run is cached in ``cache`` by trace, order, placement and
-    options, so that a variant judged once is never run again."""
+    ``roles`` (validation and selection only; ``files``: the ``--trace-file`` cases, read with ``columns``); every run
+    is cached in ``cache`` by trace, order, placement and options, so that a variant judged once is never run
+    again."""
     bad = set(roles) - set(SELECT_ROLES)
     if bad:
         raise SystemExit(f"selection may not look at {', '.join(sorted(bad))}")
     done = json.loads(cache.read_text()) if cache.is_file() else {}
-    cases = [c for c in _known() if c.role in roles]
+    cases = [c for c in _known(files) if c.role in roles]
+    by_name = {c.name: c for c in cases}
     tasks = [(c.name, o, "consolidate", False, {}) for c in cases for o in orders]
     tasks += [
         (c.name, o, pl_name, True, {}) for c in cases for o in orders for pl_name in ("consolidate", "contention")
@@ -193,7 +198,7 @@ def validate(
     todo = list({_key(*t): t for t in tasks if _key(*t) not in done}.values())
     console.log(f"{len(todo)} runs to do, {len({_key(*t) for t in tasks}) - len(todo)} cached")
     with ProcessPoolExecutor(max_workers=jobs) if jobs > 1 else _Serial() as pool:
-        for key, res in pool.map(_cell, todo):
+        for key, res in pool.map(_cell, [(by_name[t[0]], columns, t) for t in todo]):
             done[key] = res
             cache.write_text(json.dumps(done))
             console.log(f"{key}: avg {res['avg']:,.0f} p99 {res['p99']:,.0f} ({res['s']:.0f} s)")
@@ -280,12 +285,12 @@ def select(args: argparse.Namespace) -> None:
     for p in ckpts if not args.rules_only else []:
         variants[p.stem] = {"model": str(p), "wait_rule": 0.0, **extra}
     roles = tuple(args.roles.split(","))
-    global FILE_COLUMNS
-    FILE_COLUMNS = trace_columns(args.columns)
-    FILE_CASES[:] = [TraceCase(Path(p).stem, "selection-file", str(p)) for p in args.trace_file]
-    if FILE_CASES and "selection-file" not in roles:
+    files = tuple(TraceCase(Path(p).stem, "selection-file", str(p)) for p in args.trace_file)
+    if files and "selection-file" not in roles:
         roles = (*roles, "selection-file")
-    frame = validate(variants, args.orders.split(","), Path(args.cache), roles, args.jobs)
+    frame = validate(
+        variants, args.orders.split(","), Path(args.cache), roles, args.jobs, files, trace_columns(args.columns)
+    )
     if args.json:
         frame.write_json(args.json)
     with pl.Config(tbl_rows=200, tbl_cols=20, tbl_width_chars=200):

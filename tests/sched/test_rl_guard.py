@@ -318,3 +318,58 @@ def test_conserve_off_lets_idle_holds_stand() -> None:
     held = [(j, t) for j, t, h in decided if h]
     dt = rl_mod.CONSERVE_DT
     assert not [1 for j, t in held for j2, t2, _ in decided if j2 == j and t2 == pytest.approx(t + dt, abs=1e-6)]
+
+
+def test_a_hold_pays_only_when_its_expected_wait_is_below_what_running_slow_loses() -> None:
+    """``payoff``: at 0.8 of full speed a job of 1,000 s of work loses 250 s; k = 2 allows an expected wait (``soon``
+    x 4 x 1,000 s) below 500 s, and a placement tenure of a tenth a tenth of that."""
+    assert rl_mod.hold_pays(0.1, 1000.0, 0.8, 2.0)  # expects to wait 400 s < 500 s
+    assert not rl_mod.hold_pays(0.15, 1000.0, 0.8, 2.0)  # 600 s > 500 s: the wait costs more than it saves
+    assert rl_mod.hold_pays(0.01, 1000.0, 0.8, 2.0, tenure=0.1)  # 40 s < 50 s
+    assert not rl_mod.hold_pays(0.1, 1000.0, 0.8, 2.0, tenure=0.1)  # 400 s > 50 s
+    assert not rl_mod.hold_pays(1.0, 1000.0, 0.1, 100.0)  # no GPUs expected within 4 x: never pays
+    assert not rl_mod.hold_pays(0.0, 1000.0, 1.0, 100.0)  # a full-speed slot: nothing to win
+    assert rl_mod.hold_pays(0.5, 1000.0, 0.0, 1.0)  # the slot does not run at all
+
+
+def test_with_payoff_every_hold_is_one_that_pays(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every hold under ``payoff`` comes with the gate's yes (the job's expected wait below k x its slow-slot loss);
+    a gate so strict that no hold pays gives exactly consolidate's run."""
+    verdicts: list[bool] = []
+    holds: list[bool] = []
+    real_pays, real_hold = rl_mod.hold_pays, rl_mod.RLPlacement._hold
+
+    def spy_pays(*args: float) -> bool:
+        verdicts.append(real_pays(*args))
+        return verdicts[-1]
+
+    def spy_hold(self, j: int, p: int = 0) -> None:
+        holds.append(verdicts[-1] if verdicts else False)
+        real_hold(self, j, p)
+
+    monkeypatch.setattr(rl_mod, "hold_pays", spy_pays)
+    monkeypatch.setattr(rl_mod.RLPlacement, "_hold", spy_hold)
+    eager = {"wait_below": 1.01, "outlook": 0.0, "budget": 0.0}
+    _, free = _run("las+rl", eager)
+    assert free.placer.waits > 0 and not verdicts  # off by default: never asked
+    holds.clear()
+    res, gated = _run("las+rl", {**eager, "payoff": 20.0})
+    assert res.summary["finished"] == 60
+    assert holds and all(holds) and False in verdicts  # some holds refused, every one made paid
+    assert gated.placer.waits == len(holds)
+    base, _ = _run("las")
+    never, shut = _run("las+rl", {**eager, "payoff": 1e-9})
+    assert shut.placer.waits == 0
+    assert never.jobs["finish_s"].to_list() == base.jobs["finish_s"].to_list()
+
+
+def test_the_placement_tenure_is_whole_without_preemption_and_shorter_with_it() -> None:
+    """``tenure``: under fifo (no preemption) every placement runs its job to the end (share 1); under las jobs are
+    preempted part-way, so the run's mean share is below 1 and above 0."""
+    opts = {"wait_below": 1.01, "outlook": 0.0, "payoff": 4.0, "tenure": 1.0}
+    _, fifo = _run("fifo+rl", opts)
+    assert fifo.placer._tenure.ended >= 20 and fifo.placer.tenure_share() == pytest.approx(1.0)
+    res, las = _run("las+rl", opts)
+    assert res.summary["finished"] == 60
+    assert las.placer._tenure.ended > 60  # preempted placements end too
+    assert 0.0 < las.placer.tenure_share() < 1.0

@@ -123,6 +123,12 @@ class RLPlacement(CandidatePlacement):
     #: again at once (a pass :data:`CONSERVE_DT` later) and not held in that pass: it takes consolidate's plan, unless
     #: a better job takes the GPUs first. Holds then
     #: only stand while the smaller jobs that go first use the GPUs (fifth round, docs/contention.md).
+    #: ``payoff`` k > 0: a hold must pay (sixth round, docs/contention.md). The job is held only while the time it is
+    #: expected to wait (the free-slot outlook: until enough GPUs for it free up) is below k x what running now
+    #: would lose, (1 / speed - 1) x the work it would do in the slow slot: its remaining work, or with ``tenure`` 1
+    #: the run's mean placement tenure times it (:meth:`RLPlacement.tenure_share`: the share of its remaining work a
+    #: placement has done so far in this run before the job was preempted or finished), since under a preemptive
+    #: order a slow placement lasts only until the next preemption. Off by default (0).
     #: ``guard`` 0: the unguarded policy of the ``rl`` alias (the t = 0 mixes it was trained and judged on).
     #: ``arrivals``: 1 observes the arrival features (:func:`gpufleet.sched.rl_features.arrival_features`), 0 not,
     #: -1 (default) as wide as the model reads (a decider gets the old observation). ``model`` empty: the guarded
@@ -145,6 +151,8 @@ class RLPlacement(CandidatePlacement):
         "small_rule": -1.0,
         "small_wait": 0.0,
         "conserve": 0.0,
+        "payoff": 0.0,
+        "tenure": 0.0,
     }
 
     def __init__(self, decider: Decider | None = None, **opts: Any) -> None:
@@ -162,6 +170,7 @@ class RLPlacement(CandidatePlacement):
         self._observed = _RunObserver()
         self._held_now: dict[int, int] = {}  # job -> partition, held in the pass just run (``conserve``)
         self._release: set[int] = set()  # jobs whose hold left GPUs idle: not held at their next decision
+        self._tenure = _TenureObserver()
 
     def bind(self, sim: Any) -> None:
         super().bind(sim)
@@ -175,6 +184,7 @@ class RLPlacement(CandidatePlacement):
         self._wait_since, self._waited = {}, {}
         self._observed = _RunObserver()
         self._held_now, self._release = {}, set()
+        self._tenure = _TenureObserver()
         mode = float(self.opts["arrivals"])
         self._arrivals = mode > 0 or (mode < 0 and self._width >= ARRIVAL_OBS_SIZE)
 
@@ -199,9 +209,13 @@ class RLPlacement(CandidatePlacement):
         obs = observe(sim, j, p, part, cands, scores, arrivals=self._arrivals)
         can_wait = sim.n_running > 0 and self.may_wait
         if float(self.opts["guard"]) > 0:
+            if self._track_tenure:
+                self._tenure.decided(sim, j)
             idx = self._choose_guarded(j, p, cands, scores, obs, can_wait)
             if idx is not None and (self._track_pressure or self._track_tail):
                 self._observed.started(j)
+            if idx is not None and self._track_tenure:
+                self._tenure.started(sim, j)
             return idx
         mask = action_mask(cands, can_wait=can_wait)
         action = self._act(obs, mask)
@@ -224,6 +238,15 @@ class RLPlacement(CandidatePlacement):
     @property
     def _track_tail(self) -> bool:
         return 0.0 < float(self.opts["tail"]) < 1.0
+
+    @property
+    def _track_tenure(self) -> bool:
+        return float(self.opts["payoff"]) > 0 and float(self.opts["tenure"]) > 0
+
+    def tenure_share(self) -> float:
+        """The run's mean placement tenure so far: over the placements that have ended (the job preempted or
+        finished), the share of the job's remaining work at its start that it did there (1 until 20 have ended)."""
+        return self._tenure.share(self.sim)
 
     def pressure(self) -> float:
         """Share of the busy GPU-time lost to network contention so far in this run (sampled at decisions)."""
@@ -268,6 +291,15 @@ class RLPlacement(CandidatePlacement):
             sc = scores[ANCHOR] if cands[ANCHOR] is not None else None
             rem = max(float(self.sim.remaining[j]), 1.0)
             wait_ok = sc is not None and waited < wait_budget(rem, sc[0], sc[2], g)
+        k = float(self.opts["payoff"])
+        if wait_ok and k > 0:  # the expected wait must be below k x what running slow now would lose
+            wait_ok = hold_pays(
+                float(obs[SOON]),
+                float(sim.remaining[j]),
+                best_speed,
+                k,
+                self.tenure_share() if float(self.opts["tenure"]) > 0 else 1.0,
+            )
         if j in self._release:  # its last hold left GPUs idle that no job behind it took: it runs now
             self._release.discard(j)
             wait_ok = False
@@ -374,6 +406,55 @@ class _RunObserver:
         if n < self.MIN_FINISHED:
             return float("inf")
         return self.jcts[min(int(q * n), n - 1)]
+
+
+class _TenureObserver:
+    """How long placements last in this run: for each job started, its remaining work then; when it is next
+    decided (it was preempted) or seen finished, the share of that work it did in the placement."""
+
+    MIN_ENDED = 20
+
+    def __init__(self) -> None:
+        self.live: dict[int, float] = {}  # job -> remaining work when its current placement started
+        self.total = 0.0  # sum of the ended placements' shares
+        self.ended = 0
+        self.t = -1.0  # the instant finished jobs were last looked for
+
+    def started(self, sim: Any, j: int) -> None:
+        self.live[j] = max(float(sim.remaining[j]), 1e-9)
+
+    def decided(self, sim: Any, j: int) -> None:
+        """Job ``j`` is being placed: a placement it still had has ended (preempted)."""
+        rem0 = self.live.pop(j, None)
+        if rem0 is not None:
+            self._end(min(max((rem0 - float(sim.remaining[j])) / rem0, 0.0), 1.0))
+
+    def _end(self, share: float) -> None:
+        self.total += share
+        self.ended += 1
+
+    def share(self, sim: Any) -> float:
+        if sim.now > self.t and self.live:  # once per instant: the placements that ended with their job
+            self.t = sim.now
+            ids = np.fromiter(self.live, dtype=np.int64, count=len(self.live))
+            fin = np.asarray(sim.finish)[ids]
+            for k in ids[fin == fin]:  # not NaN: finished
+                del self.live[int(k)]
+                self._end(1.0)
+        return self.total / self.ended if self.ended >= self.MIN_ENDED else 1.0
+
+
+def hold_pays(soon: float, remaining: float, speed: float, k: float, tenure: float = 1.0) -> bool:
+    """Whether a hold pays (``payoff``): the expected wait, ``soon`` x 4 x the job's remaining time (the observation's
+    outlook; 1 means not within 4 x, taken as never), is below ``k`` x the time lost running now at ``speed``:
+    (1 / speed - 1) x the work done in the slow slot, ``tenure`` x ``remaining``. Speed 0: the slot does not run,
+    any wait pays."""
+    if soon >= 1.0:
+        return False
+    if speed <= 0.0:
+        return True
+    horizon = max(remaining, 1.0)
+    return soon * 4.0 * horizon < k * (1.0 / speed - 1.0) * tenure * remaining
 
 
 def wait_budget(remaining: float, speed: float, harm: float, gpus: int) -> float:
