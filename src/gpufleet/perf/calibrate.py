@@ -60,6 +60,9 @@ FITTED: tuple[tuple[str, str, float, float], ...] = (
     ("stack.metaseq", "compute", 0.5, 1.5),  # revision 7: fitted only where OPT-175B's row calibrates
     ("stack.torchtitan", "compute", 0.5, 1.5),
     ("stack.torchtitan", "fp8", 0.3, 1.5),  # torchao Float8 (dynamic scaling): calibrated on its own fp8 row
+    # revision 8: NeMo / Megatron-Bridge recipes, bf16 (compute) and fp8 (TransformerEngine's recipe) apart
+    ("stack.nemo", "compute", 0.5, 1.5),
+    ("stack.nemo", "fp8", 0.3, 1.5),
 )
 #: Lower and upper bounds of the ``FITTED`` constants, in its order, as the least-squares fits take them.
 BOUNDS: tuple[np.ndarray, np.ndarray] = (

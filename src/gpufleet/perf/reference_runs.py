@@ -99,10 +99,11 @@ def calibrate_table(
 
     from gpufleet.perf.calibrate import FITTED, calibrate, fitted_values, write_efficiency
     from gpufleet.perf.efficiency import default_efficiency
-    from gpufleet.perf.validate import error_summary, is_calibration, validate_cases
+    from gpufleet.perf.validate import error_summary, is_calibration, seen_cases, validate_cases
     from gpufleet.spec.catalog import data_file
 
     path, cases, _ = load_reference_cases(table)
+    cases = seen_cases(cases)  # the before / after table never predicts an unseen split (UNSEEN_SPLITS)
     n_cal = sum(1 for c in cases if is_calibration(c))
     if not n_cal:
         raise ConfigError(f"{path}: none of its {len(cases)} predictable rows is a calibration row; nothing to fit")

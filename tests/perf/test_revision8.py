@@ -1,0 +1,43 @@
+"""Revision 8: NeMo's own bf16 and fp8 constants, and the judged fresh sets in the calibration pool."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from gpufleet.perf.calibrate import FITTED
+from gpufleet.perf.efficiency import default_efficiency
+from gpufleet.perf.ground_truth import read_cases
+from gpufleet.perf.validate import predict_case, seen_cases
+
+
+def _nemo_case(precision: str):
+    cases, _ = read_cases()
+    return next(c for c in seen_cases(cases) if c.options.stack == "nemo" and c.options.precision == precision)
+
+
+def _with_nemo(compute: float, fp8: float):
+    data = default_efficiency().model_dump()
+    data["stack"]["nemo"] = {"compute": compute, "fp8": fp8}
+    return type(default_efficiency()).model_validate(data)
+
+
+def test_nemo_is_fitted_with_a_compute_and_an_fp8_constant() -> None:
+    assert {(s, k) for s, k, _, _ in FITTED} >= {("stack.nemo", "compute"), ("stack.nemo", "fp8")}
+    assert "nemo" in default_efficiency().stack  # the shipped file carries its table: no fallback to megatron-core
+
+
+def test_nemo_fp8_constant_moves_fp8_rows_only() -> None:
+    bf16, fp8 = _nemo_case("bf16"), _nemo_case("fp8")
+    base, slow = _with_nemo(1.0, 1.0), _with_nemo(1.0, 0.8)
+    assert predict_case(bf16, slow)["step_time_s"] == pytest.approx(predict_case(bf16, base)["step_time_s"])
+    assert predict_case(fp8, slow)["step_time_s"] > predict_case(fp8, base)["step_time_s"] * 1.01
+
+
+def test_nemo_compute_constant_moves_nemo_rows_but_not_megatron_core() -> None:
+    bf16 = _nemo_case("bf16")
+    core = dataclasses.replace(bf16, options=bf16.options.model_copy(update={"stack": "megatron-core"}))
+    base, fast = _with_nemo(1.0, 1.0), _with_nemo(1.2, 1.0)
+    assert predict_case(bf16, fast)["step_time_s"] < predict_case(bf16, base)["step_time_s"] * 0.95
+    assert predict_case(core, fast)["step_time_s"] == pytest.approx(predict_case(core, base)["step_time_s"])
