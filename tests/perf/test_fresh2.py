@@ -13,18 +13,18 @@ from gpufleet.perf.ground_truth import default_ground_truth_path, read_cases
 from gpufleet.perf.validate import is_calibration, split_of
 
 
-def test_fresh2_rows_are_read_with_their_stacks_and_never_calibrate() -> None:
+def test_fresh2_rows_are_read_with_their_stacks_and_calibrate_since_revision_8() -> None:
     cases, _ = read_cases()
     fresh2 = [c for c in cases if c.split == "fresh2"]
     assert len({c.row for c in fresh2}) >= 20
     assert {c.options.stack for c in fresh2} >= {"fsdp", "torchtitan", "nemo"}
-    assert not any(is_calibration(c) for c in fresh2)
+    assert all(is_calibration(c) for c in fresh2)  # judged (revision 4); calibrates since revision 8
     assert {split_of(c) for c in fresh2} == {"fresh2"}
 
 
 def test_calibrate_refuses_a_set_without_calibration_rows() -> None:
     cases, _ = read_cases()
-    held_apart = [c for c in cases if c.split == "fresh2"][:3]
+    held_apart = [c for c in cases if c.split == "held-out"][:3]
     with pytest.raises(ValueError, match="no calibration rows"):
         calibrate(held_apart, default_efficiency())
 
@@ -56,17 +56,15 @@ def test_an_h200_row_reads_as_the_catalog_h200(tmp_path: Path) -> None:
     assert cases[0].system.gpu.memory_gb > 100
 
 
-def test_fresh3_rows_are_read_and_never_calibrate() -> None:
+def test_fresh3_rows_are_read_and_calibrate_since_revision_8() -> None:
     cases, _ = read_cases()
     fresh3 = [c for c in cases if c.split == "fresh3"]
     assert len({c.row for c in fresh3}) == 9  # recorded in revision 6 before any prediction was run on them
-    assert not any(is_calibration(c) for c in fresh3)
+    assert all(is_calibration(c) for c in fresh3)
     assert {split_of(c) for c in fresh3} == {"fresh3"}
-    with pytest.raises(ValueError, match="no calibration rows"):
-        calibrate(fresh3, default_efficiency())
 
 
-def test_fresh4_rows_are_read_from_two_publications_and_never_calibrate() -> None:
+def test_fresh4_rows_are_read_from_two_publications_and_calibrate_since_revision_8() -> None:
     from gpufleet.perf.crossval import source_document
 
     cases, _ = read_cases()
@@ -74,10 +72,8 @@ def test_fresh4_rows_are_read_from_two_publications_and_never_calibrate() -> Non
     assert len({c.row for c in fresh4}) == 25  # recorded in revision 7 before any prediction was run on them
     assert {source_document(c) for c in fresh4} == {"DGXC Benchmarking 24.11.1", "torchtitan performance doc (2024-08)"}
     assert {c.options.precision for c in fresh4} == {"bf16", "fp8"}
-    assert not any(is_calibration(c) for c in fresh4)
+    assert all(is_calibration(c) for c in fresh4)
     assert {split_of(c) for c in fresh4} == {"fresh4"}
-    with pytest.raises(ValueError, match="no calibration rows"):
-        calibrate(fresh4, default_efficiency())
 
 
 def test_fresh5_rows_are_unseen_by_every_fit_and_fold() -> None:

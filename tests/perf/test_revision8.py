@@ -41,3 +41,16 @@ def test_nemo_compute_constant_moves_nemo_rows_but_not_megatron_core() -> None:
     base, fast = _with_nemo(1.0, 1.0), _with_nemo(1.2, 1.0)
     assert predict_case(bf16, fast)["step_time_s"] < predict_case(bf16, base)["step_time_s"] * 0.95
     assert predict_case(core, fast)["step_time_s"] == pytest.approx(predict_case(core, base)["step_time_s"])
+
+
+def test_judged_fresh_sets_calibrate_while_held_out_and_unseen_rows_never_do() -> None:
+    from gpufleet.perf.validate import CALIBRATION_SPLITS, UNSEEN_SPLITS, is_calibration
+
+    assert set(CALIBRATION_SPLITS) == {"calibration", "fresh2", "fresh3", "fresh4"}
+    assert "held-out" not in CALIBRATION_SPLITS and not set(UNSEEN_SPLITS) & set(CALIBRATION_SPLITS)
+    cases, _ = read_cases()
+    by_split: dict[str, set[bool]] = {}
+    for c in cases:
+        by_split.setdefault(c.split, set()).add(is_calibration(c))
+    assert by_split["held-out"] == {False} and by_split["fresh5"] == {False}
+    assert by_split["fresh2"] == by_split["fresh3"] == by_split["fresh4"] == by_split["calibration"] == {True}

@@ -41,7 +41,7 @@ UNSEEN_SPLITS = ("fresh5",)
 
 #: Splits whose rows set the constants (``perf calibrate``). The fresh sets join calibration once judged: they can no
 #: longer judge anything (revision 8: fresh2-fresh4); ``held-out`` stays apart, the split the bar names.
-CALIBRATION_SPLITS = ("calibration",)
+CALIBRATION_SPLITS = ("calibration", "fresh2", "fresh3", "fresh4")
 
 #: Rows whose errors set the efficiency constants (``perf calibrate``); all others are held out.
 #: Per GPU generation and network: A100 on InfiniBand (Korthikanti, Narayanan Table 1), A100 on RoCE
