@@ -54,3 +54,28 @@ def test_judged_fresh_sets_calibrate_while_held_out_and_unseen_rows_never_do() -
         by_split.setdefault(c.split, set()).add(is_calibration(c))
     assert by_split["held-out"] == {False} and by_split["fresh5"] == {False}
     assert by_split["fresh2"] == by_split["fresh3"] == by_split["fresh4"] == by_split["calibration"] == {True}
+
+
+def test_interleaved_p2p_overlap_hides_pipeline_sends_only_with_virtual_stages() -> None:
+    from gpufleet.perf.model_spec import load_model
+    from gpufleet.perf.options import Layout, TrainOptions
+    from gpufleet.perf.stacks import get_stack
+    from gpufleet.perf.step import estimate_step
+    from gpufleet.perf.system import System
+
+    model, system = load_model("gpt3-175b"), System.build("h100", "ib-ndr")
+    exposed = default_efficiency().software.pp_overlap_exposed
+
+    def pp_comm(vp: int, on: bool) -> float:
+        layout = Layout(tp=4, pp=8, dp=4, vp=vp)
+        return estimate_step(model, system, layout, 256, options=TrainOptions(pp_overlap_interleaved=on)).values[
+            "pp_comm"
+        ]
+
+    assert pp_comm(1, True) == pytest.approx(pp_comm(1, False))  # 1F1B: overlap_p2p_comm does not apply
+    assert pp_comm(6, True) == pytest.approx(pp_comm(6, False) * exposed)
+    assert get_stack("nemo").options["pp_overlap_interleaved"] is True
+    cases, _ = read_cases()
+    nemo = [c for c in seen_cases(cases) if c.options.stack == "nemo"]
+    assert nemo and all(c.options.pp_overlap_interleaved for c in nemo)  # every source's nemo rows take it
+    assert not any(c.options.pp_overlap_interleaved for c in cases if c.options.stack != "nemo")

@@ -463,6 +463,7 @@ _MEMORY_RECIPE = (
     "lean_activations",
     "optimizer_bytes",
     "tp_overlap_backward",
+    "pp_overlap_interleaved",
 )
 
 

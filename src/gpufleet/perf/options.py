@@ -36,6 +36,11 @@ class TrainOptions(BaseModel):
         "async TP (micro-pipelined all-gather / reduce-scatter matmuls) hides the forward's only",
     )
     pp_overlap: bool = False
+    pp_overlap_interleaved: bool = Field(
+        default=False,
+        description="pipeline send/recv overlapped with compute under the interleaved schedule only (virtual stages "
+        "> 1): Megatron-Core's overlap_p2p_comm, which NeMo's recipes set (revision 8)",
+    )
     dp_overlap: bool = False
     parallel_block: bool = False
     fused_ops: bool = False

@@ -362,7 +362,8 @@ def evaluate(
     )
     t_p2p = coll.p2p(p2p_bytes, p2p_bw, p2p_alpha) + regather
     pp_comm = np.where(pp > 1, 2.0 * (m * vp + pp - 1.0) * t_p2p, 0.0)
-    pp_comm = pp_comm * (sw.pp_overlap_exposed if opt.pp_overlap else 1.0)
+    pp_hidden = opt.pp_overlap | (opt.pp_overlap_interleaved & (vp > 1))  # overlap_p2p_comm: interleaved only
+    pp_comm = pp_comm * np.where(pp_hidden, sw.pp_overlap_exposed, 1.0)
 
     # --- data-parallel gradient reduction (over DP x CP ranks, which hold the same weights) ---
     # one pipeline stage holds every embedding (input, output if untied, positions); deeper pipelines
