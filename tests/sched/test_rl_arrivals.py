@@ -40,7 +40,13 @@ def _build(order: str = "srtf", **opts):
         parts = partitions_for(spec)
         policy = make_policy(order)
         policy.use_placement(
-            RLPlacement(decider=decider, guard=1.0, wait_rule=0.0, arrivals=1.0, **{"small_nodes": 0.0, **opts})
+            RLPlacement(
+                decider=decider,
+                guard=1.0,
+                wait_rule=0.0,
+                arrivals=1.0,
+                **{"small_nodes": 0.0, "service_holds": 1.0, **opts},
+            )
         )
         net = network_for(spec, parts, jobs)
         return Simulator(Workload.from_frame(jobs), parts, policy, SimConfig(network=True, debug=True), network=net)

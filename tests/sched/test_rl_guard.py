@@ -46,12 +46,13 @@ def _jobs(n: int = 60, seed: int = 3) -> pl.DataFrame:
 
 def _run(label: str, placement_opts: dict | None = None, decider=None):
     """``label`` on the 6-node test cluster; a guarded rl treats it as a large partition unless told otherwise
-    (``small_nodes`` 0, the default, said outright so that these tests do not hang on it)."""
+    (``small_nodes`` 0, the default, said outright so that these tests do not hang on it) and holds under every
+    order (``service_holds`` 1, so that the hold mechanics can be tested under las)."""
     spec = _cluster()
     jobs = _jobs()
     parts = partitions_for(spec)
     if placement_opts is not None and "rl" in label:
-        placement_opts = {"small_nodes": 0.0, **placement_opts}
+        placement_opts = {"small_nodes": 0.0, "service_holds": 1.0, **placement_opts}
     policy = make_scheduler(label, {}, placement_opts) if placement_opts is not None else make_policy(label)
     if decider is not None:
         policy.placer.decider = decider
@@ -373,3 +374,40 @@ def test_the_placement_tenure_is_whole_without_preemption_and_shorter_with_it() 
     assert res.summary["finished"] == 60
     assert las.placer._tenure.ended > 60  # preempted placements end too
     assert 0.0 < las.placer.tenure_share() < 1.0
+
+
+def test_the_orders_that_rank_by_attained_service_say_so_to_their_placement() -> None:
+    """las and tiresias (and LAS's spread variant) rank by attained service, fifo, sjf and srtf do not; the policy
+    hands itself to its placement as the order it runs under."""
+    ranks = {name: make_policy(name).ranks_by_service for name in ("fifo", "sjf", "srtf", "las", "tiresias")}
+    assert ranks == {"fifo": False, "sjf": False, "srtf": False, "las": True, "tiresias": True}
+    _, policy = _run("srtf+rl", {})
+    assert policy.placer.order is policy
+
+
+@pytest.mark.parametrize("order", ["las", "tiresias"])
+def test_without_service_holds_the_guarded_rl_runs_consolidate_under_attained_service(order: str) -> None:
+    """``service_holds`` 0 (the default): under las and tiresias no job is held and the run is exactly
+    consolidate's; with ``service_holds`` 1 the same eager rule holds jobs there and the run differs."""
+    eager = {"wait_below": 1.01, "outlook": 0.0, "budget": 0.0}
+    base, _ = _run(order)
+    held, rule = _run(f"{order}+rl", {**eager, "service_holds": 1.0})
+    assert rule.placer.waits > 0
+    assert held.jobs["finish_s"].to_list() != base.jobs["finish_s"].to_list()
+    assert float(make_scheduler(f"{order}+rl", {}, {}).placer.opts["service_holds"]) == 0.0  # the default
+    res, off = _run(f"{order}+rl", {**eager, "service_holds": 0.0})
+    assert off.placer.waits == 0 and off.placer.decisions == 0
+    assert res.jobs["finish_s"].to_list() == base.jobs["finish_s"].to_list()
+    assert res.summary["avg_jct_s"] == base.summary["avg_jct_s"]
+
+
+def test_without_service_holds_the_guarded_rl_still_holds_under_srtf() -> None:
+    """Under srtf (ranked by remaining work, not attained service) ``service_holds`` changes nothing: the rule
+    holds jobs and the run is the same to the second with 0 (the default) and 1, and not consolidate's."""
+    eager = {"wait_below": 1.01, "outlook": 0.0, "budget": 0.0}
+    base, _ = _run("srtf")
+    rule_run, rule = _run("srtf+rl", {**eager, "service_holds": 1.0})
+    res, off = _run("srtf+rl", {**eager, "service_holds": 0.0})
+    assert off.placer.waits > 0 and off.placer.waits == rule.placer.waits
+    assert res.jobs["finish_s"].to_list() == rule_run.jobs["finish_s"].to_list()
+    assert res.jobs["finish_s"].to_list() != base.jobs["finish_s"].to_list()

@@ -22,6 +22,7 @@ class LeastAttainedService(Policy):
     summary = "least attained GPU-service first; preempts a job once it leads a waiting one by a quantum"
     preemptive = True
     scan_running = True
+    ranks_by_service = True
     options: ClassVar[dict[str, float | str]] = {"quantum_gpu_s": 3600.0}
 
     def waiting_key(self, j: int, now: float) -> float:

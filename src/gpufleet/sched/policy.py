@@ -38,6 +38,10 @@ class Policy:
     scan_running: ClassVar[bool] = False
     #: a running job's key changes only through ``sim.rekey_running`` (so the heap entry holds it exactly)
     static_running_key: ClassVar[bool] = False
+    #: the order ranks jobs by the service they have attained so far (LAS, Tiresias): a job's rank falls while it
+    #: runs, so running jobs are preempted and placed again often. Placements read it through
+    #: :class:`gpufleet.sched.view.OrderView` (:attr:`gpufleet.sched.placement.base.Placement.order`)
+    ranks_by_service: ClassVar[bool] = False
     #: the placement the event core runs the policy with: "gang" (fixed-size jobs on node-level partitions,
     #: ``sim.engine``) or "elastic" (jobs of workers on servers, with loaning and scaling: ``sim.elastic``)
     engine: ClassVar[str] = "gang"
@@ -71,6 +75,7 @@ class Policy:
     def bind(self, sim: SimView) -> None:
         """Attach to the simulator whose job arrays the keys read (and the placement to it)."""
         self.sim = sim
+        self.placer.order = self
         self.placer.bind(sim)
 
     # -- ranking ---------------------------------------------------------------------------------

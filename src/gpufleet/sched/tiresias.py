@@ -40,6 +40,7 @@ class Tiresias(Policy):
     summary = "Tiresias 2D-LAS: GPU-time priority queues, FIFO within a queue, starvation guard"
     preemptive = True
     static_running_key = True
+    ranks_by_service = True
     bound_never_grows = True  # the queue only changes through rekey_running (a demotion)
     # queue thresholds in GPU-seconds (K-1 values for K queues) and the starvation knob
     options: ClassVar[dict[str, float | str]] = {"thresholds": "3600,36000", "promote_knob": 8.0}

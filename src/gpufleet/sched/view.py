@@ -68,6 +68,16 @@ class NetworkView(Protocol):
     def lost(self, j: int) -> float: ...  # throughput share running job j is losing to contention now
 
 
+class OrderView(Protocol):
+    """What a placement may read of the order (the policy) it runs under: its name and its traits."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def ranks_by_service(self) -> bool: ...  # jobs ranked by the service they have attained (LAS, Tiresias)
+
+
 class SimView(Protocol):
     """The job arrays, clock and queues a policy reads (indexed by job number ``j``)."""
 

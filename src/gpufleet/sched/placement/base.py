@@ -21,7 +21,7 @@ from gpufleet.errors import ConfigError
 from gpufleet.registry import Registry
 
 if TYPE_CHECKING:
-    from gpufleet.sched.view import Allocation, PartitionView, SimView
+    from gpufleet.sched.view import Allocation, OrderView, PartitionView, SimView
 
 #: The placement every policy runs with unless told otherwise.
 DEFAULT_PLACEMENT = "consolidate"
@@ -47,6 +47,9 @@ class Placement:
 
     #: the simulator's read-only view, set by :meth:`bind`
     sim: SimView
+    #: the order the placement runs under (read-only: its name and traits), set by the policy before :meth:`bind`;
+    #: None for a placement bound without one
+    order: OrderView | None = None
 
     def __init__(self, **opts: Any) -> None:
         unknown = sorted(set(opts) - set(self.options))

@@ -14,7 +14,7 @@ import bisect
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -32,6 +32,9 @@ from gpufleet.sched.rl_features import (
     observe,
 )
 from gpufleet.sched.rl_model import ActorMLP, read_actor
+
+if TYPE_CHECKING:
+    from gpufleet.sched.view import Allocation, PartitionView
 
 #: The model that ships in the wheel for the unguarded policy (the ``rl`` alias, trained on t = 0 mixes).
 DEFAULT_MODEL = "contention_ppo.zip"
@@ -129,6 +132,11 @@ class RLPlacement(CandidatePlacement):
     #: the run's mean placement tenure times it (:meth:`RLPlacement.tenure_share`: the share of its remaining work a
     #: placement has done so far in this run before the job was preempted or finished), since under a preemptive
     #: order a slow placement lasts only until the next preemption. Off by default (0).
+    #: ``service_holds`` 0 (the default, chosen on selection traces in the seventh round, docs/contention.md): under
+    #: an order that ranks jobs by the service they have attained (the order's
+    #: :attr:`~gpufleet.sched.view.OrderView.ranks_by_service`: las, tiresias) no job is held and every job takes
+    #: consolidate's plan (the run is consolidate's); under any other order the rule holds as before. 1: holds under
+    #: every order (the sixth round's default).
     #: ``guard`` 0: the unguarded policy of the ``rl`` alias (the t = 0 mixes it was trained and judged on).
     #: ``arrivals``: 1 observes the arrival features (:func:`gpufleet.sched.rl_features.arrival_features`), 0 not,
     #: -1 (default) as wide as the model reads (a decider gets the old observation). ``model`` empty: the guarded
@@ -153,6 +161,7 @@ class RLPlacement(CandidatePlacement):
         "conserve": 0.0,
         "payoff": 0.0,
         "tenure": 0.0,
+        "service_holds": 0.0,
     }
 
     def __init__(self, decider: Decider | None = None, **opts: Any) -> None:
@@ -171,6 +180,7 @@ class RLPlacement(CandidatePlacement):
         self._held_now: dict[int, int] = {}  # job -> partition, held in the pass just run (``conserve``)
         self._release: set[int] = set()  # jobs whose hold left GPUs idle: not held at their next decision
         self._tenure = _TenureObserver()
+        self._as_consolidate = False  # ``service_holds`` 0 under an order that ranks by attained service
 
     def bind(self, sim: Any) -> None:
         super().bind(sim)
@@ -187,6 +197,21 @@ class RLPlacement(CandidatePlacement):
         self._tenure = _TenureObserver()
         mode = float(self.opts["arrivals"])
         self._arrivals = mode > 0 or (mode < 0 and self._width >= ARRIVAL_OBS_SIZE)
+        self._as_consolidate = (
+            float(self.opts["guard"]) > 0
+            and float(self.opts["service_holds"]) <= 0
+            and self.order is not None
+            and bool(self.order.ranks_by_service)
+        )
+
+    def place(self, j: int, p: int, part: PartitionView) -> Allocation | None:
+        """The guarded choice (:meth:`choose`), or under ``service_holds`` 0 and an order that ranks by attained
+        service, consolidate's plan as the ``consolidate`` placement takes it (the run's allocation setting)."""
+        if self._as_consolidate:
+            self.waited = False
+            cfg = self.sim.config
+            return part.allocate(self.sim.gpus[j], cfg.placement, cfg.strict_placement)
+        return super().place(j, p, part)
 
     def _act(self, obs: np.ndarray, mask: np.ndarray) -> int:
         if self.decider is not None:
