@@ -464,6 +464,7 @@ _MEMORY_RECIPE = (
     "optimizer_bytes",
     "tp_overlap_backward",
     "pp_overlap_interleaved",
+    "sharded_fp32_params",
 )
 
 
@@ -478,6 +479,11 @@ def _row_options(source: _Source, row: dict[str, str | None], tp: int, pp: int, 
     modules = re.search(r"recompute_modules\s*=\s*([a-z_]+(?:\+[a-z_]+)*)", row.get("notes") or "")
     if modules:  # Megatron-Core's --recompute-modules, as the run's published recipe sets them
         opts["recompute_modules"] = tuple(modules.group(1).split("+"))
+    notes = row.get("notes") or ""
+    if re.search(r"\bgrad_reduce\s*=\s*bf16\b", notes):  # the recipe's gradient buffer and reduction in bf16
+        opts["grad_reduce_bytes"] = 2  # (NeMo 2.0's grad_reduce_in_fp32: false, Apex's grad_sync_dtype: bf16)
+    if re.search(r"\boptimizer_state\s*=\s*bf16\b", notes):  # Apex DistributedFusedAdam with dtype: bf16:
+        opts["optimizer_bytes"] = 6.0  # its parameter copy and both Adam moments in bf16
     if source.group.startswith("torchtitan"):
         opts["fused_ops"] = "compile" in text
         opts["tp_overlap"] = "AsyncTP" in text.replace(" ", "")

@@ -46,18 +46,33 @@ def activation_bytes_per_token_layer(
     return np.select([code == 0, code == 1], [none, selective], default=full)
 
 
-def state_bytes_per_param(zero: int, dp: np.ndarray, optimizer_bytes: float = 12.0) -> np.ndarray:
-    """Bytes per parameter of weights + gradients + Adam states with bf16 weights and fp32 gradients;
-    ``optimizer_bytes`` is the fp32 master copy and the two moments (12; 8 with bf16 moments, DeepSeek-V3)."""
+def state_bytes_per_param(
+    zero: int,
+    dp: np.ndarray,
+    optimizer_bytes: float = 12.0,
+    grad_bytes: float = 4.0,
+    sharded_fp32_params: bool = False,
+) -> np.ndarray:
+    """Bytes per parameter of weights + gradients + Adam states with bf16 weights.
+
+    ``optimizer_bytes`` is the master copy and the two moments (12 in fp32; 8 with bf16 moments, DeepSeek-V3).
+    ``grad_bytes`` is the gradient buffer's element (4: fp32, Megatron's default; 2: bf16). With bf16 gradients the
+    optimizer also holds an fp32 copy of its gradient shard: Megatron's distributed-optimizer table gives "fp16 param,
+    fp16 grads" 20 bytes unsharded and 4 + 16/d sharded, against 18 and 6 + 12/d with fp32 gradients (revision 9).
+    ``sharded_fp32_params`` (ZeRO-3 only): the fp32 shard is the master copy and no bf16 shard persists (PyTorch FSDP).
+    """
     d = np.asarray(dp, dtype=float)
-    ob = float(optimizer_bytes)
+    g = float(grad_bytes)
+    ob = float(optimizer_bytes) + (4.0 if g < 4.0 else 0.0)  # the fp32 copy of a bf16 gradient shard
     if zero == 0:
-        return np.full_like(d, 6.0 + ob)
+        return np.full_like(d, 2.0 + g + ob)
     if zero == 1:
-        return 6.0 + ob / d
+        return 2.0 + g + ob / d
     if zero == 2:
-        return 2.0 + (4.0 + ob) / d
-    return (6.0 + ob) / d
+        return 2.0 + (g + ob) / d
+    if sharded_fp32_params:  # fp32 parameter shard (= master), fp32 gradient shard, moments
+        return (4.0 + float(optimizer_bytes)) / d
+    return (2.0 + g + ob) / d
 
 
 def _mlp_bytes(width: float, glu: bool, lin: float, lean: bool) -> float:

@@ -28,7 +28,11 @@ class TrainOptions(BaseModel):
     zero: Literal[0, 1, 2, 3] = Field(
         default=1, description="0 plain DP; 1 distributed optimizer / ZeRO-1; 2 + sharded grads; 3 FSDP"
     )
-    grad_reduce_bytes: Literal[2, 4] = Field(default=4, description="4: fp32 gradient reduction (Megatron)")
+    grad_reduce_bytes: Literal[2, 4] = Field(
+        default=4,
+        description="bytes per gradient element of the gradient buffer and its reduction: 4 fp32 (Megatron), 2 bf16 "
+        "(NeMo's grad_reduce_in_fp32: false, Apex's grad_sync_dtype: bf16); revision 9 charges it in memory too",
+    )
     tp_overlap: bool = False
     tp_overlap_backward: bool = Field(
         default=True,
@@ -78,7 +82,16 @@ class TrainOptions(BaseModel):
         "K and V; 'mlp' keeps a dense layer's MLP input only",
     )
     optimizer_bytes: float = Field(
-        default=12.0, gt=0, description="optimizer bytes per parameter: fp32 master + Adam moments (8: bf16 moments)"
+        default=12.0,
+        gt=0,
+        description="optimizer bytes per parameter: fp32 master + Adam moments (8: bf16 moments; 6: bf16 master and "
+        "moments, Apex DistributedFusedAdam with dtype: bf16)",
+    )
+    sharded_fp32_params: bool = Field(
+        default=False,
+        description="ZeRO-3 keeps each parameter's fp32 shard as the optimizer's master copy and no persistent bf16 "
+        "shard (PyTorch FSDP / FSDP2 mixed precision: the bf16 copy exists only while gathered): (4 + o)/d bytes per "
+        "parameter instead of (6 + o)/d (revision 9)",
     )
 
     @classmethod

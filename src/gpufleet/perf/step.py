@@ -452,10 +452,12 @@ def evaluate(
 
     # --- memory per GPU on the first stage (most micro-batches in flight) ---
     ob = opt.optimizer_bytes if rev2 else 12.0
-    states = stage_params / tp * state_bytes_per_param(opt.zero, n_dp, ob)
+    # revision 9: the gradient buffer's dtype (bf16 in NeMo's performance recipes) and PyTorch FSDP's fp32 shards
+    sb = {"grad_bytes": float(opt.grad_reduce_bytes), "sharded_fp32_params": opt.sharded_fp32_params} if rev3 else {}
+    states = stage_params / tp * state_bytes_per_param(opt.zero, n_dp, ob, **sb)
     if moe:
-        states = params_gpu * state_bytes_per_param(opt.zero, n_dp, ob) + expert_gpu * state_bytes_per_param(
-            opt.zero, np.maximum(n_dp / ep, 1.0), ob
+        states = params_gpu * state_bytes_per_param(opt.zero, n_dp, ob, **sb) + expert_gpu * state_bytes_per_param(
+            opt.zero, np.maximum(n_dp / ep, 1.0), ob, **sb
         )
     dualpipe = rev2 and opt.schedule == "dualpipe"
     if dualpipe:  # DualPipe keeps two copies of the parameters (DeepSeek-V3 Table 2): each rank holds two stages
