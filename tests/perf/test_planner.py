@@ -17,7 +17,7 @@ from gpufleet.perf.options import Layout
 from gpufleet.perf.planner import plan_layouts
 from gpufleet.perf.step import estimate_step
 from gpufleet.perf.system import System
-from gpufleet.perf.validate import UNSEEN_SPLITS, error_summary, validate_cases
+from gpufleet.perf.validate import error_summary, validate_cases
 from gpufleet.spec import load_cluster
 from gpufleet.spec.catalog import data_file
 
@@ -106,7 +106,7 @@ def test_validation_reads_the_published_table_and_stays_close() -> None:
     assert len(cases) >= 36 and {s.reason for s in skipped}
     fresh = [c for c in cases if c.split == "fresh2"]
     assert len({c.row for c in fresh}) >= 20  # the fresh2 set is read; it is judged once, by bench/perf_planner.py
-    table = validate_cases([c for c in cases if c.split not in ("fresh2", "fresh3", "fresh4", *UNSEEN_SPLITS)])
+    table = validate_cases([c for c in cases if c.split in ("calibration", "held-out")])
     summary = {r["subset"]: r for r in error_summary(table).iter_rows(named=True)}
     # the measured accuracy (see docs/perf.md); these guard against regressions, not the bar itself
     assert summary["calibration"]["mean_pct"] < 6.0

@@ -36,12 +36,14 @@ __all__ = [
 SPLITS = ("calibration", "held-out", "fresh", "fresh2", "fresh3", "fresh4", "fresh5")
 
 #: Held-apart splits no revision has judged yet. Every test, fit and cross-validation leaves them out (``seen_cases``);
-#: ``bench/perf_planner.py`` predicts them once, at the revision's end, as their own split.
-UNSEEN_SPLITS = ("fresh5",)
+#: ``bench/perf_planner.py`` predicts them once, at the revision's end, as their own split. None since revision 9:
+#: revision 8's end judged fresh5.
+UNSEEN_SPLITS: tuple[str, ...] = ()
 
 #: Splits whose rows set the constants (``perf calibrate``). The fresh sets join calibration once judged: they can no
-#: longer judge anything (revision 8: fresh2-fresh4); ``held-out`` stays apart, the split the bar names.
-CALIBRATION_SPLITS = ("calibration", "fresh2", "fresh3", "fresh4")
+#: longer judge anything (revision 8: fresh2-fresh4; revision 9: fresh5); ``held-out`` stays apart, the split the bar
+#: names.
+CALIBRATION_SPLITS = ("calibration", "fresh2", "fresh3", "fresh4", "fresh5")
 
 #: Rows whose errors set the efficiency constants (``perf calibrate``); all others are held out.
 #: Per GPU generation and network: A100 on InfiniBand (Korthikanti, Narayanan Table 1), A100 on RoCE
