@@ -76,7 +76,7 @@ def test_fresh4_rows_are_read_from_two_publications_and_calibrate_since_revision
     assert {split_of(c) for c in fresh4} == {"fresh4"}
 
 
-def test_fresh5_rows_are_one_document_and_calibrate_since_revision_9() -> None:
+def test_fresh5_rows_are_one_seen_document_that_does_not_calibrate() -> None:
     from gpufleet.perf import crossval
     from gpufleet.perf.validate import UNSEEN_SPLITS, seen_cases
 
@@ -86,7 +86,8 @@ def test_fresh5_rows_are_one_document_and_calibrate_since_revision_9() -> None:
     assert {crossval.source_document(c) for c in fresh5} == {"DGXC Benchmarking 25.x"}
     assert {c.model.name for c in fresh5} >= {"nemotron4-340b", "nemotron4-15b", "deepseek-v3"}
     assert any(c.model.experts for c in fresh5) and any(c.ep > 1 for c in fresh5)
-    # judged once at revision 8's end: seen since, so they calibrate and enter every fold (revision 9)
+    # judged once at revision 8's end: seen since, so they enter every fold; they do not calibrate (revision 9: with
+    # them the refit pressed InfiniBand's efficiency onto its bound to absorb the MoE misses)
     assert "fresh5" not in UNSEEN_SPLITS
-    assert all(is_calibration(c) for c in fresh5)
+    assert not any(is_calibration(c) for c in fresh5)
     assert len([c for c in seen_cases(cases) if c.split == "fresh5"]) == len(fresh5)

@@ -41,9 +41,11 @@ SPLITS = ("calibration", "held-out", "fresh", "fresh2", "fresh3", "fresh4", "fre
 UNSEEN_SPLITS: tuple[str, ...] = ()
 
 #: Splits whose rows set the constants (``perf calibrate``). The fresh sets join calibration once judged: they can no
-#: longer judge anything (revision 8: fresh2-fresh4; revision 9: fresh5); ``held-out`` stays apart, the split the bar
-#: names.
-CALIBRATION_SPLITS = ("calibration", "fresh2", "fresh3", "fresh4", "fresh5")
+#: longer judge anything (revision 8: fresh2-fresh4); ``held-out`` stays apart, the split the bar names. fresh5 is
+#: seen (it enters every LOSO fold) but does not calibrate: with it the refit put InfiniBand's efficiency on its 0.5
+#: bound and TP overlap at 0 to absorb its MoE misses (DeepSeek-V3 +38.6 %), and held-out went 7.0 / 17.2 -> 9.0 /
+#: 21.9 % (revision 9, docs/perf.md); it joins once the model expresses those runs.
+CALIBRATION_SPLITS = ("calibration", "fresh2", "fresh3", "fresh4")
 
 #: Rows whose errors set the efficiency constants (``perf calibrate``); all others are held out.
 #: Per GPU generation and network: A100 on InfiniBand (Korthikanti, Narayanan Table 1), A100 on RoCE
