@@ -387,15 +387,16 @@ def test_the_orders_that_rank_by_attained_service_say_so_to_their_placement() ->
 
 @pytest.mark.parametrize("order", ["las", "tiresias"])
 def test_without_service_holds_the_guarded_rl_runs_consolidate_under_attained_service(order: str) -> None:
-    """``service_holds`` 0 (the default): under las and tiresias no job is held and the run is exactly
-    consolidate's; with ``service_holds`` 1 the same eager rule holds jobs there and the run differs."""
+    """``service_holds`` 0 (the default) with ``service_payoff`` 0 (the seventh round's default): under las and
+    tiresias no job is held and the run is exactly consolidate's; with ``service_holds`` 1 the same eager rule holds
+    jobs there and the run differs."""
     eager = {"wait_below": 1.01, "outlook": 0.0, "budget": 0.0}
     base, _ = _run(order)
     held, rule = _run(f"{order}+rl", {**eager, "service_holds": 1.0})
     assert rule.placer.waits > 0
     assert held.jobs["finish_s"].to_list() != base.jobs["finish_s"].to_list()
     assert float(make_scheduler(f"{order}+rl", {}, {}).placer.opts["service_holds"]) == 0.0  # the default
-    res, off = _run(f"{order}+rl", {**eager, "service_holds": 0.0})
+    res, off = _run(f"{order}+rl", {**eager, "service_holds": 0.0, "service_payoff": 0.0})
     assert off.placer.waits == 0 and off.placer.decisions == 0
     assert res.jobs["finish_s"].to_list() == base.jobs["finish_s"].to_list()
     assert res.summary["avg_jct_s"] == base.summary["avg_jct_s"]
@@ -411,3 +412,44 @@ def test_without_service_holds_the_guarded_rl_still_holds_under_srtf() -> None:
     assert off.placer.waits > 0 and off.placer.waits == rule.placer.waits
     assert res.jobs["finish_s"].to_list() == rule_run.jobs["finish_s"].to_list()
     assert res.jobs["finish_s"].to_list() != base.jobs["finish_s"].to_list()
+
+
+def test_service_payoff_gates_holds_under_attained_service_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``service_payoff`` k (eighth round): under las a job is held only when the payoff gate says the hold pays
+    (some are refused), and the run is exactly ``payoff`` k with ``service_holds`` 1 there; under srtf the gate is
+    never asked, jobs are held by the ungated rule and the run is the rule's; a gate no hold passes gives las
+    consolidate's run."""
+    verdicts: list[bool] = []
+    holds: list[bool] = []
+    real_pays, real_hold = rl_mod.hold_pays, rl_mod.RLPlacement._hold
+
+    def spy_pays(*args: float) -> bool:
+        verdicts.append(real_pays(*args))
+        return verdicts[-1]
+
+    def spy_hold(self, j: int, p: int = 0) -> None:
+        holds.append(verdicts[-1] if verdicts else False)
+        real_hold(self, j, p)
+
+    monkeypatch.setattr(rl_mod, "hold_pays", spy_pays)
+    monkeypatch.setattr(rl_mod.RLPlacement, "_hold", spy_hold)
+    assert float(make_scheduler("las+rl", {}, {}).placer.opts["service_payoff"]) == 2.0  # the default
+    eager = {"wait_below": 1.01, "outlook": 0.0, "budget": 0.0, "service_holds": 0.0}
+    res, gated = _run("las+rl", {**eager, "service_payoff": 20.0})
+    assert res.summary["finished"] == 60
+    assert holds and all(holds) and False in verdicts  # some holds refused, every one made paid
+    assert gated.placer.waits == len(holds)
+    same, _ = _run("las+rl", {**eager, "service_holds": 1.0, "payoff": 20.0})
+    assert res.jobs["finish_s"].to_list() == same.jobs["finish_s"].to_list()
+    verdicts.clear()
+    holds.clear()
+    srtf_run, srtf = _run("srtf+rl", {**eager, "service_payoff": 20.0})
+    assert srtf.placer.waits > 0 and not verdicts  # held, and never by the gate
+    rule_run, _ = _run("srtf+rl", eager)
+    assert srtf_run.jobs["finish_s"].to_list() == rule_run.jobs["finish_s"].to_list()
+    gated_srtf, _ = _run("srtf+rl", {**eager, "payoff": 20.0})  # the same gate under srtf would change the run
+    assert gated_srtf.jobs["finish_s"].to_list() != rule_run.jobs["finish_s"].to_list()
+    base, _ = _run("las")
+    never, shut = _run("las+rl", {**eager, "service_payoff": 1e-9})
+    assert shut.placer.waits == 0
+    assert never.jobs["finish_s"].to_list() == base.jobs["finish_s"].to_list()

@@ -136,7 +136,11 @@ class RLPlacement(CandidatePlacement):
     #: an order that ranks jobs by the service they have attained (the order's
     #: :attr:`~gpufleet.sched.view.OrderView.ranks_by_service`: las, tiresias) no job is held and every job takes
     #: consolidate's plan (the run is consolidate's); under any other order the rule holds as before. 1: holds under
-    #: every order (the sixth round's default).
+    #: every order (the sixth round's default). ``service_payoff`` k > 0 with ``service_holds`` 0 (default 2, chosen
+    #: on selection traces in the eighth round, docs/contention.md): under such an order jobs are held again, but only
+    #: while the hold pays (the ``payoff`` gate with k = ``service_payoff``, ``tenure`` as set); 0 restores the
+    #: seventh round's default (no holds there, consolidate's run). Under any other order ``payoff`` as set (0: the
+    #: rule, ungated).
     #: ``guard`` 0: the unguarded policy of the ``rl`` alias (the t = 0 mixes it was trained and judged on).
     #: ``arrivals``: 1 observes the arrival features (:func:`gpufleet.sched.rl_features.arrival_features`), 0 not,
     #: -1 (default) as wide as the model reads (a decider gets the old observation). ``model`` empty: the guarded
@@ -162,6 +166,7 @@ class RLPlacement(CandidatePlacement):
         "payoff": 0.0,
         "tenure": 0.0,
         "service_holds": 0.0,
+        "service_payoff": 2.0,
     }
 
     def __init__(self, decider: Decider | None = None, **opts: Any) -> None:
@@ -181,6 +186,7 @@ class RLPlacement(CandidatePlacement):
         self._release: set[int] = set()  # jobs whose hold left GPUs idle: not held at their next decision
         self._tenure = _TenureObserver()
         self._as_consolidate = False  # ``service_holds`` 0 under an order that ranks by attained service
+        self._payoff = 0.0  # the payoff gate's k in this run (``service_payoff`` under such an order, else ``payoff``)
 
     def bind(self, sim: Any) -> None:
         super().bind(sim)
@@ -197,16 +203,16 @@ class RLPlacement(CandidatePlacement):
         self._tenure = _TenureObserver()
         mode = float(self.opts["arrivals"])
         self._arrivals = mode > 0 or (mode < 0 and self._width >= ARRIVAL_OBS_SIZE)
-        self._as_consolidate = (
-            float(self.opts["guard"]) > 0
-            and float(self.opts["service_holds"]) <= 0
-            and self.order is not None
-            and bool(self.order.ranks_by_service)
-        )
+        by_service = self.order is not None and bool(self.order.ranks_by_service)
+        gated = by_service and float(self.opts["service_holds"]) <= 0  # no ungated holds under this order
+        service_payoff = float(self.opts["service_payoff"])
+        self._payoff = service_payoff if gated and service_payoff > 0 else float(self.opts["payoff"])
+        self._as_consolidate = float(self.opts["guard"]) > 0 and gated and service_payoff <= 0
 
     def place(self, j: int, p: int, part: PartitionView) -> Allocation | None:
-        """The guarded choice (:meth:`choose`), or under ``service_holds`` 0 and an order that ranks by attained
-        service, consolidate's plan as the ``consolidate`` placement takes it (the run's allocation setting)."""
+        """The guarded choice (:meth:`choose`), or under ``service_holds`` 0, ``service_payoff`` 0 and an order that
+        ranks by attained service, consolidate's plan as the ``consolidate`` placement takes it (the run's allocation
+        setting)."""
         if self._as_consolidate:
             self.waited = False
             cfg = self.sim.config
@@ -266,7 +272,7 @@ class RLPlacement(CandidatePlacement):
 
     @property
     def _track_tenure(self) -> bool:
-        return float(self.opts["payoff"]) > 0 and float(self.opts["tenure"]) > 0
+        return self._payoff > 0 and float(self.opts["tenure"]) > 0
 
     def tenure_share(self) -> float:
         """The run's mean placement tenure so far: over the placements that have ended (the job preempted or
@@ -316,7 +322,7 @@ class RLPlacement(CandidatePlacement):
             sc = scores[ANCHOR] if cands[ANCHOR] is not None else None
             rem = max(float(self.sim.remaining[j]), 1.0)
             wait_ok = sc is not None and waited < wait_budget(rem, sc[0], sc[2], g)
-        k = float(self.opts["payoff"])
+        k = self._payoff
         if wait_ok and k > 0:  # the expected wait must be below k x what running slow now would lose
             wait_ok = hold_pays(
                 float(obs[SOON]),
