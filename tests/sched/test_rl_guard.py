@@ -333,9 +333,9 @@ def test_a_hold_pays_only_when_its_expected_wait_is_below_what_running_slow_lose
     assert rl_mod.hold_pays(0.5, 1000.0, 0.0, 1.0)  # the slot does not run at all
 
 
-def test_with_payoff_every_hold_is_one_that_pays(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every hold under ``payoff`` comes with the gate's yes (the job's expected wait below k x its slow-slot loss);
-    a gate so strict that no hold pays gives exactly consolidate's run."""
+def _record_payoff_gate(mp: pytest.MonkeyPatch) -> tuple[list[bool], list[bool]]:
+    """Spy on the payoff gate: the lists it fills as the run goes, every verdict of :func:`hold_pays` and, per hold
+    made, the gate's last verdict before it (False when the gate was never asked)."""
     verdicts: list[bool] = []
     holds: list[bool] = []
     real_pays, real_hold = rl_mod.hold_pays, rl_mod.RLPlacement._hold
@@ -348,8 +348,15 @@ def test_with_payoff_every_hold_is_one_that_pays(monkeypatch: pytest.MonkeyPatch
         holds.append(verdicts[-1] if verdicts else False)
         real_hold(self, j, p)
 
-    monkeypatch.setattr(rl_mod, "hold_pays", spy_pays)
-    monkeypatch.setattr(rl_mod.RLPlacement, "_hold", spy_hold)
+    mp.setattr(rl_mod, "hold_pays", spy_pays)
+    mp.setattr(rl_mod.RLPlacement, "_hold", spy_hold)
+    return verdicts, holds
+
+
+def test_with_payoff_every_hold_is_one_that_pays(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every hold under ``payoff`` comes with the gate's yes (the job's expected wait below k x its slow-slot loss);
+    a gate so strict that no hold pays gives exactly consolidate's run."""
+    verdicts, holds = _record_payoff_gate(monkeypatch)
     eager = {"wait_below": 1.01, "outlook": 0.0, "budget": 0.0}
     _, free = _run("las+rl", eager)
     assert free.placer.waits > 0 and not verdicts  # off by default: never asked
@@ -419,20 +426,7 @@ def test_service_payoff_gates_holds_under_attained_service_only(monkeypatch: pyt
     (some are refused), and the run is exactly ``payoff`` k with ``service_holds`` 1 there; under srtf the gate is
     never asked, jobs are held by the ungated rule and the run is the rule's; a gate no hold passes gives las
     consolidate's run."""
-    verdicts: list[bool] = []
-    holds: list[bool] = []
-    real_pays, real_hold = rl_mod.hold_pays, rl_mod.RLPlacement._hold
-
-    def spy_pays(*args: float) -> bool:
-        verdicts.append(real_pays(*args))
-        return verdicts[-1]
-
-    def spy_hold(self, j: int, p: int = 0) -> None:
-        holds.append(verdicts[-1] if verdicts else False)
-        real_hold(self, j, p)
-
-    monkeypatch.setattr(rl_mod, "hold_pays", spy_pays)
-    monkeypatch.setattr(rl_mod.RLPlacement, "_hold", spy_hold)
+    verdicts, holds = _record_payoff_gate(monkeypatch)
     assert float(make_scheduler("las+rl", {}, {}).placer.opts["service_payoff"]) == 2.0  # the default
     eager = {"wait_below": 1.01, "outlook": 0.0, "budget": 0.0, "service_holds": 0.0}
     res, gated = _run("las+rl", {**eager, "service_payoff": 20.0})

@@ -70,6 +70,12 @@ class Placement:
         """The GPUs taken from ``part`` for job ``j``, or None (no fit, or :attr:`waited`)."""
         raise NotImplementedError
 
+    def allocate_as_configured(self, j: int, part: PartitionView) -> Allocation | None:
+        """Job ``j``'s GPUs by the run's allocation setting (``SimConfig.placement``, fewest nodes with best fit by
+        default): ``consolidate``'s plan, also taken by placements that fall back to it."""
+        cfg = self.sim.config
+        return part.allocate(self.sim.gpus[j], cfg.placement, cfg.strict_placement)
+
     def next_wakeup(self, now: float) -> float | None:
         """Absolute time at which the placement wants another scheduling pass (asked after each pass; None: none)."""
         return None

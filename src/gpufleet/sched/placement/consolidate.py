@@ -19,5 +19,4 @@ class Consolidate(Placement):
     gpu_level = False
 
     def place(self, j: int, p: int, part: PartitionView) -> Allocation | None:
-        cfg = self.sim.config
-        return part.allocate(self.sim.gpus[j], cfg.placement, cfg.strict_placement)
+        return self.allocate_as_configured(j, part)

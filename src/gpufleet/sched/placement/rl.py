@@ -215,8 +215,7 @@ class RLPlacement(CandidatePlacement):
         setting)."""
         if self._as_consolidate:
             self.waited = False
-            cfg = self.sim.config
-            return part.allocate(self.sim.gpus[j], cfg.placement, cfg.strict_placement)
+            return self.allocate_as_configured(j, part)
         return super().place(j, p, part)
 
     def _act(self, obs: np.ndarray, mask: np.ndarray) -> int:
